@@ -1,0 +1,13 @@
+"""Host-side core of cbjax: requests, pages and the scheduler. Pure Python + numpy; never imports jax."""
+from cbjax.core.clock import Clock, RealClock, VirtualClock
+from cbjax.core.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from cbjax.core.page_pool import PagePool
+from cbjax.core.request import FinishReason, Request, RequestStatus
+from cbjax.core.sampling_params import SamplingParams
+from cbjax.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, ScheduledSeq
+
+__all__ = [
+    "Clock", "RealClock", "VirtualClock", "CompletionOutput", "RequestMetrics", "RequestOutput", "PagePool",
+    "FinishReason", "Request", "RequestStatus", "SamplingParams", "Scheduler", "SchedulerConfig",
+    "SchedulerOutput", "ScheduledSeq",
+]

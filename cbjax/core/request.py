@@ -1,0 +1,75 @@
+"""A generation request as the scheduler sees it: tokens, progress, pages and timestamps."""
+import enum
+
+from cbjax.core.outputs import RequestMetrics
+from cbjax.core.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # back in the waiting queue; its KV was freed and will be recomputed
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # a stop token or EOS
+    LENGTH = "length"  # max_tokens or max_model_len reached
+    ABORT = "abort"
+
+
+class Request:
+    """One sequence. Its context is `prompt_token_ids + output_token_ids`; the first `num_computed_tokens` of it
+    have their K/V in the cache (in `pages`). Prefill, decode and recompute after preemption are all the same
+    operation: compute the next uncomputed tokens; when the chunk reaches the end of the context, sample one more.
+    """
+
+    __slots__ = (
+        "request_id", "prompt_token_ids", "params", "status", "output_token_ids", "all_token_ids",
+        "num_computed_tokens", "pages", "finish_reason", "metrics", "seed", "arrival_order", "num_preemptions",
+        "priority", "tenant", "error",
+    )
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float,
+                 seed: int, arrival_order: int, priority: int = 0, tenant: str = "default"):
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.params = params
+        self.status = RequestStatus.WAITING
+        self.output_token_ids: list[int] = []
+        # The whole context in one list, kept in step with output_token_ids, so packing a step slices one list.
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.pages: list[int] = []
+        self.finish_reason: FinishReason | None = None
+        self.metrics = RequestMetrics(arrival_time=arrival_time)
+        self.seed = seed
+        self.arrival_order = arrival_order
+        self.num_preemptions = 0
+        self.priority = priority
+        self.tenant = tenant
+        self.error: str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.all_token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def append_token(self, token: int) -> None:
+        self.output_token_ids.append(token)
+        self.all_token_ids.append(token)
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, {self.status.value}, prompt={self.num_prompt_tokens}, "
+                f"out={len(self.output_token_ids)}, computed={self.num_computed_tokens}, pages={len(self.pages)})")

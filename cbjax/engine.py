@@ -1,0 +1,199 @@
+"""LLMEngine: add requests, step, stream; one step = schedule -> execute -> update.
+
+The engine owns the request table, validates input (a bad request is refused with a ValueError and nothing else
+is disturbed), and records per-step statistics for the metrics.
+"""
+import dataclasses
+import time
+from collections.abc import Iterator, Sequence
+
+import jax
+
+from cbjax.core.clock import Clock, RealClock
+from cbjax.core.outputs import CompletionOutput, RequestOutput
+from cbjax.core.request import Request
+from cbjax.core.sampling_params import SamplingParams
+from cbjax.core.scheduler import Scheduler, SchedulerConfig
+from cbjax.model.config import ModelConfig, get_model_config
+from cbjax.model.llama import Llama, init_model, kv_cache_bytes_per_page
+from cbjax.runner.model_runner import ModelRunner
+from cbjax.runner.step_input import BucketTable
+from kernels_pallas.dispatch import resolve_backend
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    policy: str = "fcfs"  # scheduling policy: fcfs (continuous) or static
+    max_num_seqs: int = 64  # slots per step
+    max_num_batched_tokens: int = 512  # token budget per step (prefill chunks + decodes)
+    page_size: int = 16  # tokens per KV page
+    num_pages: int | None = None  # KV pages; None: derived from kv_cache_memory_gib
+    kv_cache_memory_gib: float = 1.0  # memory budget of the KV cache when num_pages is None
+    max_model_len: int | None = None  # prompt + output tokens; None: the model's max_position_embeddings
+    dtype: str | None = None  # parameter / activation dtype; None: the model config's
+    seed: int = 0  # model init (random models) and the default per-request sampling seeds
+    attention_backend: str = "auto"  # auto | pallas | reference
+    pallas_interpret: bool = False  # run Pallas kernels in interpret mode (CPU tests)
+    enable_chunked_prefill: bool = True
+    watermark: float = 0.01  # fraction of pages kept free when admitting, so running sequences can grow
+    warmup: bool = True  # compile every bucket at start-up
+
+
+class LLMEngine:
+    """Serve many requests at once with iteration-level scheduling over a paged KV cache.
+
+    `model` is a named config ("llama-tiny", "llama-small", "test-tiny"), a ModelConfig, or a Llama instance.
+    Engine options are EngineConfig's fields as keywords.
+    """
+
+    def __init__(self, model: "str | ModelConfig | Llama" = "llama-tiny", *, clock: Clock | None = None, **options):
+        unknown = set(options) - {f.name for f in dataclasses.fields(EngineConfig)}
+        if unknown:
+            raise ValueError(f"unknown engine options: {sorted(unknown)}")
+        cfg = EngineConfig(**options)
+        self.clock = clock or RealClock()
+        self.model = self._load_model(model, cfg)
+        mcfg = self.model.cfg
+        self.model_config = mcfg
+        max_model_len = cfg.max_model_len or mcfg.max_position_embeddings
+        num_pages = cfg.num_pages
+        if num_pages is None:
+            num_pages = max(1, int(cfg.kv_cache_memory_gib * 2**30) // kv_cache_bytes_per_page(mcfg, cfg.page_size))
+        self.config = cfg = dataclasses.replace(cfg, num_pages=num_pages, max_model_len=max_model_len)
+        self.buckets = BucketTable.build(cfg.max_num_batched_tokens, max_model_len, cfg.page_size, cfg.max_num_seqs)
+        self.scheduler = Scheduler(SchedulerConfig(
+            max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
+            page_size=cfg.page_size, num_pages=num_pages, max_model_len=max_model_len, policy=cfg.policy,
+            enable_chunked_prefill=cfg.enable_chunked_prefill,
+            max_prefill_kv_tokens=self.buckets.max_prefill_kv_tokens,
+            watermark_pages=int(cfg.watermark * num_pages)), self.clock)
+        self.runner = ModelRunner(self.model, num_pages=num_pages, page_size=cfg.page_size, buckets=self.buckets,
+                                  backend=resolve_backend(cfg.attention_backend), interpret=cfg.pallas_interpret)
+        self.warmup_s = self.runner.warmup() if cfg.warmup else 0.0
+        self.requests: dict[str, Request] = {}
+        self._pending: list[Request] = []  # finished outside a step (aborts) and not yet reported
+        self._arrivals = 0
+        self.step_records: list[dict] = []
+
+    @staticmethod
+    def _load_model(model, cfg: EngineConfig) -> Llama:
+        if isinstance(model, Llama):
+            return model
+        mcfg = get_model_config(model) if isinstance(model, str) else model
+        if not isinstance(mcfg, ModelConfig):
+            raise ValueError(f"model must be a name, a ModelConfig or a Llama, got {type(model).__name__}")
+        if cfg.dtype is not None:
+            mcfg = mcfg.replace(dtype=cfg.dtype)
+        return init_model(mcfg, cfg.seed)
+
+    # ---- requests ---------------------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: Sequence[int], params: SamplingParams | None = None,
+                    arrival_time: float | None = None, *, priority: int = 0, tenant: str = "default") -> None:
+        """Queue a request. Raises ValueError (naming the problem) for bad input; nothing else is affected."""
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"request {request_id!r}: params must be SamplingParams, got {type(params).__name__}")
+        if request_id in self.requests:
+            raise ValueError(f"request {request_id!r}: duplicate request id (a request with this id is unfinished)")
+        tokens = self._validate_prompt(request_id, prompt)
+        total = len(tokens) + params.max_tokens
+        mcfg, cfg = self.model_config, self.config
+        if len(tokens) > cfg.max_model_len:
+            raise ValueError(f"request {request_id!r}: prompt of {len(tokens)} tokens is longer than "
+                             f"max_model_len={cfg.max_model_len}")
+        if total > cfg.max_model_len:
+            raise ValueError(f"request {request_id!r}: prompt ({len(tokens)}) + max_tokens ({params.max_tokens}) "
+                             f"= {total} exceeds max_model_len={cfg.max_model_len}")
+        if not self.scheduler.can_ever_fit(total):
+            raise ValueError(f"request {request_id!r}: needs {-(-total // cfg.page_size)} KV pages but the pool "
+                             f"has only {cfg.num_pages}")
+        seed = params.seed if params.seed is not None else (cfg.seed * 1_000_003 + self._arrivals) % 2**32
+        now = self.clock.now() if arrival_time is None else arrival_time
+        req = Request(request_id, tokens, params, now, seed, self._arrivals, priority=priority, tenant=tenant)
+        self._arrivals += 1
+        self.requests[request_id] = req
+        self.scheduler.add(req)
+
+    def _validate_prompt(self, request_id: str, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            raise ValueError(f"request {request_id!r}: text prompts need a tokenizer; this model has none, "
+                             "pass token ids")
+        try:
+            tokens = [int(t) for t in prompt]
+        except (TypeError, ValueError):
+            raise ValueError(f"request {request_id!r}: prompt must be a sequence of token ids") from None
+        if not tokens:
+            raise ValueError(f"request {request_id!r}: empty prompt")
+        V = self.model_config.vocab_size
+        bad = [t for t in tokens if not 0 <= t < V]
+        if bad:
+            raise ValueError(f"request {request_id!r}: token ids outside the vocabulary [0, {V}): {bad[:5]}")
+        return tokens
+
+    def abort_request(self, request_id: str) -> None:
+        req = self.requests.get(request_id)
+        if req is None or req.is_finished:
+            raise ValueError(f"abort of unknown request id {request_id!r}")
+        self.scheduler.abort(req)
+        self._pending.append(req)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._pending)
+
+    # ---- the step ---------------------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One iteration: schedule, run the model once, advance every scheduled sequence. Returns an output for
+        each request that got a token or finished in this step (its `new_token_ids` is the stream delta)."""
+        t0 = time.perf_counter()
+        preempted_before = self.scheduler.num_preemptions
+        out = self.scheduler.schedule()
+        changed: list[Request] = []
+        if not out.is_empty:
+            sampled = self.runner.execute(out)
+            changed = self.scheduler.update(out, sampled, self.model_config.eos_token_id, self.clock.now())
+        outputs = [self._output(r, 1) for r in changed] + [self._output(r, 0) for r in self._pending]
+        self._pending.clear()
+        if not out.is_empty:
+            # Host time = everything in the step but the wait for the sampled tokens.
+            device_s = self.runner.last_device_s
+            self._record_step(out, time.perf_counter() - t0 - device_s, device_s,
+                              self.scheduler.num_preemptions - preempted_before)
+        return outputs
+
+    def _output(self, req: Request, num_new: int) -> RequestOutput:
+        if req.is_finished:
+            self.requests.pop(req.request_id, None)
+        reason = req.finish_reason.value if req.finish_reason is not None else None
+        new = req.output_token_ids[len(req.output_token_ids) - num_new:] if num_new else []
+        return RequestOutput(req.request_id, req.prompt_token_ids,
+                             [CompletionOutput(0, list(req.output_token_ids), new, reason)],
+                             req.is_finished, req.metrics, error=req.error)
+
+    def _record_step(self, out, host_s: float, device_s: float, preemptions: int) -> None:
+        sched = self.scheduler
+        self.step_records.append(dict(
+            time=self.clock.now(), num_running=len(sched.running), num_waiting=len(sched.waiting),
+            num_scheduled_seqs=len(out.seqs), max_num_seqs=self.config.max_num_seqs,
+            num_scheduled_tokens=out.num_batched_tokens, padded_tokens=self.runner.last_padded_tokens,
+            kv_pages_used=sched.pool.num_used, kv_pages_total=sched.pool.num_pages, num_preemptions=preemptions,
+            host_s=host_s, device_s=device_s, compiles=self.runner.num_compiles))
+
+    def stream(self) -> Iterator[RequestOutput]:
+        """Step until every request has finished, yielding each step's outputs (deltas in `new_token_ids`)."""
+        while self.has_unfinished_requests():
+            yield from self.step()
+
+    @property
+    def num_compiles(self) -> int:
+        return self.runner.num_compiles
+
+    def abort_all(self) -> None:
+        for rid in list(self.requests):
+            if not self.requests[rid].is_finished:
+                self.abort_request(rid)
+
+
+def device_kind() -> str:
+    d = jax.devices()[0]
+    return f"{d.platform}:{getattr(d, 'device_kind', '?')} x{jax.device_count()}"
+

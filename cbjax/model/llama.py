@@ -1,0 +1,168 @@
+"""A Llama-family decoder in Flax NNX: RMSNorm, RoPE, grouped-query attention, SwiGLU MLP.
+
+Two forwards share the weights:
+- `__call__`: the serving forward over a flat ragged batch of T tokens that writes the new K/V into the paged
+  cache and reads it through `kernels_pallas.ragged_attention` (backend switch).
+- `forward_full`: a plain full-sequence causal forward with no cache, the oracle the engine is tested against.
+"""
+import typing
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from cbjax.model.config import ModelConfig
+from cbjax.model.rope import apply_rope, inv_frequencies
+from kernels_pallas import ragged_attention
+
+
+class AttentionMetadata(typing.NamedTuple):
+    """Per-step int32 arrays (never static) describing the flat batch; see kernels_pallas/xla_attention.py."""
+
+    slot_mapping: jax.Array  # [T] flat cache row (page * G + offset) where each token's K/V is written
+    kv_lens: jax.Array  # [B] context length of each sequence after this step
+    page_indices: jax.Array  # [B, W] page table
+    cu_q_lens: jax.Array  # [B+1] token offsets of each sequence in the flat batch
+    num_seqs: jax.Array  # [1]
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, dtype):
+        self.eps = eps
+        self.weight = nnx.Param(jnp.ones((dim,), dtype))
+
+    def __call__(self, x):
+        xf = x.astype(jnp.float32)
+        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        return (xf * self.weight[...].astype(jnp.float32)).astype(x.dtype)
+
+
+def _linear(cfg: ModelConfig, din: int, dout: int, rngs: nnx.Rngs, bias: bool = False) -> nnx.Linear:
+    dt = jnp.dtype(cfg.dtype)
+    return nnx.Linear(din, dout, use_bias=bias, dtype=dt, param_dtype=dt, rngs=rngs,
+                      kernel_init=nnx.initializers.normal(cfg.initializer_range))
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        D, N, K, H = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.dim_per_head
+        self.cfg = cfg
+        self.q_proj = _linear(cfg, D, N * H, rngs, cfg.qkv_bias)
+        self.k_proj = _linear(cfg, D, K * H, rngs, cfg.qkv_bias)
+        self.v_proj = _linear(cfg, D, K * H, rngs, cfg.qkv_bias)
+        self.o_proj = _linear(cfg, N * H, D, rngs)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(H, cfg.rms_norm_eps, jnp.dtype(cfg.dtype))
+            self.k_norm = RMSNorm(H, cfg.rms_norm_eps, jnp.dtype(cfg.dtype))
+
+    def _qkv(self, x, positions):
+        cfg = self.cfg
+        N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.dim_per_head
+        q = self.q_proj(x).reshape(*x.shape[:-1], N, H)
+        k = self.k_proj(x).reshape(*x.shape[:-1], K, H)
+        v = self.v_proj(x).reshape(*x.shape[:-1], K, H)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        # Host-side numpy, folded into the compiled step as a constant.
+        inv_freq = inv_frequencies(H, cfg.rope_theta, cfg.rope_scaling)
+        return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
+
+    def __call__(self, x, positions, k_pages, v_pages, md: AttentionMetadata, backend: str, interpret: bool):
+        """x [T, D] -> [T, D]; k_pages, v_pages [K, P, G, H] updated with this step's tokens."""
+        T = x.shape[0]
+        q, k, v = self._qkv(x, positions)
+        Kh, P, G, H = k_pages.shape
+        # Scatter the new K/V rows into the flat view of the cache; padding tokens write to the spare page.
+        k_pages = k_pages.reshape(Kh, P * G, H).at[:, md.slot_mapping].set(
+            k.transpose(1, 0, 2).astype(k_pages.dtype)).reshape(Kh, P, G, H)
+        v_pages = v_pages.reshape(Kh, P * G, H).at[:, md.slot_mapping].set(
+            v.transpose(1, 0, 2).astype(v_pages.dtype)).reshape(Kh, P, G, H)
+        out = ragged_attention(q, k_pages, v_pages, md.kv_lens, md.page_indices, md.cu_q_lens, md.num_seqs,
+                               sliding_window=self.cfg.sliding_window, backend=backend, interpret=interpret)
+        return self.o_proj(out.reshape(T, -1)), k_pages, v_pages
+
+    def full(self, x, positions):
+        """Dense causal attention over x [B, S, D], no cache."""
+        cfg = self.cfg
+        B, S, _ = x.shape
+        N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.dim_per_head
+        q, k, v = self._qkv(x, positions)
+        q = q.astype(jnp.float32).reshape(B, S, K, N // K, H) * H ** -0.5
+        s = jnp.einsum("bskrh,btkh->bkrst", q, k.astype(jnp.float32))
+        i, j = jnp.arange(S)[:, None], jnp.arange(S)[None, :]
+        mask = j <= i
+        if cfg.sliding_window is not None:
+            mask &= j > i - cfg.sliding_window
+        s = jnp.where(mask, s, -jnp.inf)
+        p = jax.nn.softmax(s, axis=-1)
+        out = jnp.einsum("bkrst,btkh->bskrh", p, v.astype(jnp.float32)).reshape(B, S, N * H)
+        return self.o_proj(out.astype(x.dtype))
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.gate_proj = _linear(cfg, cfg.hidden_size, cfg.intermediate_size, rngs)
+        self.up_proj = _linear(cfg, cfg.hidden_size, cfg.intermediate_size, rngs)
+        self.down_proj = _linear(cfg, cfg.intermediate_size, cfg.hidden_size, rngs)
+
+    def __call__(self, x):
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        dt = jnp.dtype(cfg.dtype)
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt)
+        self.attn = Attention(cfg, rngs)
+        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt)
+        self.mlp = MLP(cfg, rngs)
+
+
+class Llama(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        dt = jnp.dtype(cfg.dtype)
+        self.cfg = cfg
+        self.embed = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dt, param_dtype=dt, rngs=rngs,
+                               embedding_init=nnx.initializers.normal(cfg.initializer_range))
+        self.layers = nnx.List([DecoderLayer(cfg, rngs) for _ in range(cfg.num_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = _linear(cfg, cfg.hidden_size, cfg.vocab_size, rngs)
+
+    def __call__(self, tokens, positions, kv_caches, md: AttentionMetadata, backend: str = "reference",
+                 interpret: bool = False):
+        """Serving forward: tokens, positions [T] -> final hidden states [T, D] and the updated caches."""
+        x = self.embed(tokens)
+        new_caches = []
+        for layer, (k_pages, v_pages) in zip(self.layers, kv_caches):
+            h, k_pages, v_pages = layer.attn(layer.input_norm(x), positions, k_pages, v_pages, md, backend, interpret)
+            x = x + h
+            x = x + layer.mlp(layer.post_attn_norm(x))
+            new_caches.append((k_pages, v_pages))
+        return self.norm(x), new_caches
+
+    def logits(self, hidden):
+        """hidden [..., D] -> float32 logits [..., V]."""
+        if self.cfg.tie_word_embeddings:
+            return self.embed.attend(hidden).astype(jnp.float32)
+        return self.lm_head(hidden).astype(jnp.float32)
+
+    def forward_full(self, tokens):
+        """Oracle: tokens [B, S] -> logits [B, S, V] with plain causal attention and no cache."""
+        positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = x + layer.attn.full(layer.input_norm(x), positions)
+            x = x + layer.mlp(layer.post_attn_norm(x))
+        return self.logits(self.norm(x))
+
+
+def init_model(cfg: ModelConfig, seed: int = 0) -> Llama:
+    """A randomly initialised model."""
+    return Llama(cfg, nnx.Rngs(seed))
+
+
+def kv_cache_bytes_per_page(cfg: ModelConfig, page_size: int, dtype=None) -> int:
+    itemsize = np.dtype(jnp.dtype(dtype or cfg.dtype)).itemsize
+    return 2 * cfg.num_layers * cfg.num_kv_heads * page_size * cfg.dim_per_head * itemsize

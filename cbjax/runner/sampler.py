@@ -1,0 +1,42 @@
+"""On-device sampling with per-slot parameters (arrays, so a new temperature never recompiles).
+
+Greedy, temperature, top-k and top-p. Each slot's randomness comes from (request seed, index of the token being
+sampled) alone, so the same seed and prompt give the same tokens whatever else shares the batch.
+"""
+import jax
+import jax.numpy as jnp
+
+
+def _filter_top_k_top_p(x, top_k, top_p):
+    """x [B, V] scaled logits -> x with everything outside each row's top-k and top-p nucleus set to -inf."""
+    V = x.shape[-1]
+    sorted_desc = -jnp.sort(-x, axis=-1)
+    k = jnp.where(top_k > 0, jnp.minimum(top_k, V), V)
+    kth = jnp.take_along_axis(sorted_desc, (k - 1)[:, None], axis=-1)
+    in_top_k = jnp.arange(V)[None, :] < k[:, None]
+    probs = jax.nn.softmax(jnp.where(in_top_k, sorted_desc, -jnp.inf), axis=-1)
+    # Keep the smallest prefix whose mass reaches top_p: token i stays if the mass before it is still < top_p.
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    keep = (mass_before < top_p[:, None]) & in_top_k
+    num_keep = jnp.maximum(jnp.sum(keep, axis=-1), 1)
+    cutoff = jnp.take_along_axis(sorted_desc, (num_keep - 1)[:, None], axis=-1)
+    threshold = jnp.maximum(kth, cutoff)
+    return jnp.where(x < threshold, -jnp.inf, x)
+
+
+def sample(logits, temperature, top_k, top_p, seeds, counters):
+    """logits [B, V] float32; temperature, top_p [B] f32; top_k [B] i32 (<= 0: off); seeds [B] u32;
+    counters [B] i32 (how many tokens the request has generated) -> tokens [B] int32."""
+    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    def stochastic():
+        t = jnp.where(temperature > 0, temperature, 1.0)
+        x = logits / t[:, None]
+        needs_filter = jnp.any((top_k > 0) | (top_p < 1.0))
+        x = jax.lax.cond(needs_filter, lambda: _filter_top_k_top_p(x, top_k, top_p), lambda: x)
+        keys = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(seeds, counters)
+        gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (logits.shape[-1],), jnp.float32))(keys)
+        return jnp.argmax(x + gumbel, axis=-1).astype(jnp.int32)
+
+    sampled = jax.lax.cond(jnp.all(temperature == 0), lambda: greedy, stochastic)
+    return jnp.where(temperature == 0, greedy, sampled)

@@ -1,0 +1,39 @@
+"""Shared test helpers: random workloads and the full-forward greedy oracle."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cbjax import SamplingParams
+
+
+def random_workload(n: int, seed: int, vocab: int, prompt_range=(1, 300), max_tokens_range=(1, 64)):
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(3, vocab, int(rng.integers(prompt_range[0], prompt_range[1] + 1))).tolist()
+               for _ in range(n)]
+    params = [SamplingParams(max_tokens=int(rng.integers(max_tokens_range[0], max_tokens_range[1] + 1)),
+                             temperature=0.0, ignore_eos=True) for _ in range(n)]
+    return prompts, params
+
+
+_FWD_CACHE = {}
+
+
+def greedy_reference(model, prompts, max_tokens, width: int) -> list[list[int]]:
+    """Greedy decoding with the plain full-sequence forward (no cache): every request in one padded batch,
+    recomputed from scratch at every position. Causal attention makes the padding after each row harmless."""
+    fwd = _FWD_CACHE.setdefault(id(model), jax.jit(model.forward_full))
+    n = len(prompts)
+    toks = np.zeros((n, width), np.int32)
+    lens = np.array([len(p) for p in prompts])
+    for i, p in enumerate(prompts):
+        toks[i, :len(p)] = p
+    outs = [[] for _ in range(n)]
+    for _ in range(max(max_tokens)):
+        logits = fwd(jnp.asarray(toks))
+        nxt = np.asarray(jnp.argmax(logits[jnp.arange(n), jnp.asarray(lens - 1)], axis=-1))
+        for i in range(n):
+            if len(outs[i]) < max_tokens[i]:
+                outs[i].append(int(nxt[i]))
+                toks[i, lens[i]] = nxt[i]
+                lens[i] += 1
+    return outs

@@ -65,7 +65,6 @@ class LLMEngine:
             max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
             page_size=cfg.page_size, num_pages=num_pages, max_model_len=max_model_len, policy=cfg.policy,
             enable_chunked_prefill=cfg.enable_chunked_prefill,
-            max_prefill_kv_tokens=self.buckets.max_prefill_kv_tokens,
             watermark_pages=int(cfg.watermark * num_pages)), self.clock)
         self.runner = ModelRunner(self.model, num_pages=num_pages, page_size=cfg.page_size, buckets=self.buckets,
                                   backend=resolve_backend(cfg.attention_backend), interpret=cfg.pallas_interpret)

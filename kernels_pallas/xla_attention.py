@@ -1,19 +1,20 @@
 """Ragged paged attention as plain XLA ops: the fast default on CPU, and the engine's `reference` backend.
 
-Same contract as `ragged_paged_attention` (see docs/kernels.md): q [T, N, H]; k_pages, v_pages [K, P, G, H];
+Same contract as `ragged_paged_attention` (docs/kernels.md): q [T, N, H]; k_pages, v_pages [K, P, G, H];
 kv_lens [S]; page_indices [S, W]; cu_q_lens [S+1]; num_seqs [1]. Sequence i < num_seqs owns query rows
 cu_q_lens[i]:cu_q_lens[i+1], the last q_len tokens of its kv_len context, whose K/V are already in the pages.
 
-XLA needs static shapes, so the cost must follow the bucketed page-table width W rather than max_model_len, and
-a step's mix of long prefills and many decodes must not multiply. Two paths, each skipped by `lax.cond` when the
-step has no sequence of its kind:
-- decode (q_len == 1): one query per sequence against its own W * G pages: [S, N, W*G] scores.
-- prefill (q_len > 1): the contexts of all multi-token sequences are gathered into ONE buffer of C = W * G
-  positions, and every query row attends to it with a mask (same sequence, causal). Cost T * C, i.e. that of a
-  dense attention over the step, not slots * longest-prompt.
-Precondition of the prefill path (the scheduler enforces it via `max_prefill_kv_tokens`): the summed kv_lens of
-the multi-token sequences fit in C = W * G.
-Masked-out K/V positions are zeroed before use, so NaN or stale data in unused pages never reaches an output.
+XLA wants static shapes, but the work must follow the step's real lengths, not its bucketed shapes: a step of
+5 short decodes must not pay for 256 slots times max_model_len. So this is flash attention written with XLA
+loops whose trip counts are runtime values (`lax.fori_loop` with traced bounds lowers to a while loop):
+- decode (q_len == 1): blocks of `slot_block` sequences; per block, pages in blocks of `decode_kv_block` tokens up to
+  the block's longest context. Cost ~ (decode sequences) x (their longest context).
+- prefill (q_len > 1): the contexts of all multi-token sequences form one virtual concatenated buffer; query rows
+  in blocks of `q_block`, each visiting only the kv blocks of the sequences it holds, up to its causal limit.
+  Cost ~ sum over sequences of q_len x kv_len (plus block rounding), whatever the batch's shape.
+Both use an online softmax in float32. Decode work is tightest when decodes come first in the batch (the runner
+packs them so), but any order is correct. Masked K/V positions are zeroed before use, so NaN or stale data in
+unused pages never reaches an output. Rows past cu_q_lens[num_seqs] are zeros.
 """
 import jax
 import jax.numpy as jnp
@@ -21,73 +22,145 @@ import jax.numpy as jnp
 _NEG = -1e30
 
 
-def _softcap(s, soft_cap):
-    return s if soft_cap is None else soft_cap * jnp.tanh(s / soft_cap)
+def _pad_to(x, multiple: int, axis: int, value=0):
+    n = x.shape[axis]
+    pad = (-n) % multiple
+    if not pad:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, pad)
+    return jnp.pad(x, widths, constant_values=value)
+
+
+def _online_update(carry, s, valid, v):
+    """One flash-attention step. s [..., c] scores, valid [..., c], v [c-major, H] via einsum by the caller."""
+    m, l, acc = carry
+    s = jnp.where(valid, s, _NEG)
+    m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+    alpha = jnp.exp(m - m_new)
+    p = jnp.where(valid, jnp.exp(s - m_new[..., None]), 0.0)
+    return m_new, l * alpha + jnp.sum(p, axis=-1), acc * alpha[..., None], p
 
 
 def xla_ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *,
                                sm_scale: float | None = None, sliding_window: int | None = None,
-                               soft_cap: float | None = None):
+                               soft_cap: float | None = None, slot_block: int = 32, decode_kv_block: int = 64,
+                               prefill_kv_block: int = 256, q_block: int = 128):
+    q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs = (
+        jnp.asarray(x) for x in (q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs))
     T, N, H = q.shape
     K, _, G, _ = k_pages.shape
     S, W = page_indices.shape
-    C = W * G
     R = N // K
     scale = H ** -0.5 if sm_scale is None else sm_scale
+    cap = (lambda s: s) if soft_cap is None else (lambda s: soft_cap * jnp.tanh(s / soft_cap))
 
     seq_valid = jnp.arange(S) < num_seqs[0]
     q_lens = jnp.where(seq_valid, cu_q_lens[1:] - cu_q_lens[:-1], 0)
     kv_lens = jnp.where(seq_valid, kv_lens, 0)
     is_decode = q_lens == 1
     is_prefill = q_lens > 1
-
+    num_tokens = cu_q_lens[num_seqs[0]]
     t = jnp.arange(T)
     seg_t = jnp.clip(jnp.searchsorted(cu_q_lens, t, side="right") - 1, 0, S - 1)  # [T] owning sequence
-    row_valid = t < cu_q_lens[num_seqs[0]]
+    row_valid = t < num_tokens
     qf = q.astype(jnp.float32) * scale
 
-    def decode_path():
-        q_dec = qf[jnp.clip(cu_q_lens[:-1], 0, T - 1)].reshape(S, K, R, H)
-        k = k_pages[:, page_indices].reshape(K, S, C, H)  # [K, S, C, H]
-        v = v_pages[:, page_indices].reshape(K, S, C, H)
-        pos = jnp.arange(C)
-        valid = pos[None, :] < kv_lens[:, None]  # [S, C]
-        if sliding_window is not None:
-            valid &= pos[None, :] > kv_lens[:, None] - 1 - sliding_window
-        k = jnp.where(valid[None, :, :, None], k.astype(jnp.float32), 0.0)
-        v = jnp.where(valid[None, :, :, None], v.astype(jnp.float32), 0.0)
-        s = _softcap(jnp.einsum("skrh,ksch->skrc", q_dec, k), soft_cap)
-        s = jnp.where(valid[:, None, None, :], s, _NEG)
-        p = jax.nn.softmax(s, axis=-1)
-        out = jnp.einsum("skrc,ksch->skrh", p, v).reshape(S, N, H)
-        return out[seg_t]  # [T, N, H]; rows of other sequences are discarded below
+    # ---- decode: one query per sequence, blocks of sequences x blocks of pages ----------------------------------
+    sb = min(slot_block, S)
+    pb = max(1, min(decode_kv_block // G, W))  # pages per kv block
+    dec_kv = _pad_to(jnp.where(is_decode, kv_lens, 0), sb, 0)
+    dec_rows = _pad_to(jnp.clip(cu_q_lens[:-1], 0, T - 1), sb, 0)
+    pt = _pad_to(_pad_to(page_indices, sb, 0), pb, 1)
+    last_decode = jnp.max(jnp.where(is_decode, jnp.arange(S), -1))
+    n_slot_blocks = (last_decode + sb) // sb
 
-    def prefill_path():
-        pf_kv = jnp.where(is_prefill, kv_lens, 0)
-        cu_kv = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(pf_kv).astype(jnp.int32)])
-        c = jnp.arange(C)
-        seg_c = jnp.clip(jnp.searchsorted(cu_kv, c, side="right") - 1, 0, S - 1)  # [C] owning sequence
-        pos_c = c - cu_kv[seg_c]
-        col_valid = c < cu_kv[-1]
-        page = page_indices[seg_c, jnp.clip(pos_c // G, 0, W - 1)]
-        k = k_pages[:, page, pos_c % G].astype(jnp.float32)  # [K, C, H]
-        v = v_pages[:, page, pos_c % G].astype(jnp.float32)
-        k = jnp.where(col_valid[None, :, None], k, 0.0)
-        v = jnp.where(col_valid[None, :, None], v, 0.0)
-        qpos = kv_lens[seg_t] - q_lens[seg_t] + (t - cu_q_lens[seg_t])  # [T] absolute position of each query
-        mask = (seg_t[:, None] == seg_c[None, :]) & (pos_c[None, :] <= qpos[:, None]) & col_valid[None, :]
-        if sliding_window is not None:
-            mask &= pos_c[None, :] > qpos[:, None] - sliding_window
-        qg = qf.reshape(T, K, R, H)
-        s = _softcap(jnp.einsum("tkrh,kch->tkrc", qg, k), soft_cap)
-        s = jnp.where(mask[:, None, None, :], s, _NEG)
-        p = jax.nn.softmax(s, axis=-1)
-        return jnp.einsum("tkrc,kch->tkrh", p, v).reshape(T, N, H)
+    def decode_slot_block(b, out):
+        lo = b * sb
+        kvl = jax.lax.dynamic_slice_in_dim(dec_kv, lo, sb)  # [sb]
+        qb = qf[jax.lax.dynamic_slice_in_dim(dec_rows, lo, sb)].reshape(sb, K, R, H)
+        table = jax.lax.dynamic_slice_in_dim(pt, lo, sb, axis=0)  # [sb, W']
+        n_kv = -(-jnp.max(kvl) // (pb * G))
+        lo_pos = jnp.zeros((), jnp.int32) if sliding_window is None else jnp.maximum(
+            jnp.min(jnp.where(kvl > 0, kvl, jnp.iinfo(jnp.int32).max)) - sliding_window, 0)
+        first = jnp.minimum(lo_pos // (pb * G), n_kv)
 
-    zeros = lambda: jnp.zeros((T, N, H), jnp.float32)  # noqa: E731
-    dec = jax.lax.cond(jnp.any(is_decode), decode_path, zeros)
-    pf = jax.lax.cond(jnp.any(is_prefill), prefill_path, zeros)
-    use_dec = is_decode[seg_t] & row_valid
-    use_pf = is_prefill[seg_t] & row_valid
-    out = jnp.where(use_dec[:, None, None], dec, jnp.where(use_pf[:, None, None], pf, 0.0))
+        def kv_step(j, carry):
+            pages = jax.lax.dynamic_slice_in_dim(table, j * pb, pb, axis=1)  # [sb, pb]
+            pos = j * pb * G + jnp.arange(pb * G)
+            valid = pos[None, :] < kvl[:, None]  # [sb, c]
+            if sliding_window is not None:
+                valid &= pos[None, :] > kvl[:, None] - 1 - sliding_window
+            k = k_pages[:, pages].reshape(K, sb, pb * G, H)
+            v = v_pages[:, pages].reshape(K, sb, pb * G, H)
+            k = jnp.where(valid[None, :, :, None], k.astype(jnp.float32), 0.0)
+            v = jnp.where(valid[None, :, :, None], v.astype(jnp.float32), 0.0)
+            s = cap(jnp.einsum("skrh,ksch->skrc", qb, k))
+            m, l, acc, p = _online_update(carry, s, valid[:, None, None, :], v)
+            return m, l, acc + jnp.einsum("skrc,ksch->skrh", p, v)
+
+        init = (jnp.full((sb, K, R), _NEG), jnp.zeros((sb, K, R)), jnp.zeros((sb, K, R, H)))
+        _, l, acc = jax.lax.fori_loop(first, n_kv, kv_step, init)
+        res = (acc / jnp.maximum(l, 1e-30)[..., None]).reshape(sb, N, H)
+        return jax.lax.dynamic_update_slice_in_dim(out, res, lo, 0)
+
+    dec_out = jax.lax.fori_loop(0, n_slot_blocks, decode_slot_block, jnp.zeros((dec_kv.shape[0], N, H)))
+    dec_out = dec_out[seg_t]  # [T, N, H]
+
+    # ---- prefill: query-row blocks x blocks of the concatenated multi-token contexts ----------------------------
+    qbk = min(q_block, T)
+    kb = prefill_kv_block
+    pf_kv = jnp.where(is_prefill, kv_lens, 0)
+    cu_kv = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(pf_kv).astype(jnp.int32)])
+    qpos = kv_lens[seg_t] - q_lens[seg_t] + (t - cu_q_lens[seg_t])  # [T] absolute position of each query
+    row_pf = row_valid & is_prefill[seg_t]
+    qf_p = _pad_to(qf, qbk, 0)
+    seg_p = _pad_to(seg_t, qbk, 0)
+    qpos_p = _pad_to(qpos, qbk, 0)
+    row_pf_p = _pad_to(row_pf, qbk, 0, False)
+    n_row_blocks = jnp.where(jnp.any(is_prefill), (num_tokens + qbk - 1) // qbk, 0)
+    Tp = qf_p.shape[0]
+
+    def prefill_row_block(i, out):
+        r0 = i * qbk
+        rows_pf = jax.lax.dynamic_slice_in_dim(row_pf_p, r0, qbk)
+        segs = jax.lax.dynamic_slice_in_dim(seg_p, r0, qbk)
+        qp = jax.lax.dynamic_slice_in_dim(qpos_p, r0, qbk)
+        qb = jax.lax.dynamic_slice_in_dim(qf_p, r0, qbk).reshape(qbk, K, R, H)
+        # The kv span this block can see: from its first prefill sequence's start to its last row's causal limit.
+        first_seg = jnp.min(jnp.where(rows_pf, segs, S))
+        kv_start = cu_kv[jnp.minimum(first_seg, S)]
+        kv_end = jnp.max(jnp.where(rows_pf, cu_kv[segs] + qp + 1, 0))
+        if sliding_window is not None:
+            kv_start = jnp.maximum(kv_start, jnp.min(jnp.where(rows_pf, cu_kv[segs] + qp - sliding_window + 1,
+                                                               jnp.iinfo(jnp.int32).max)))
+        j0 = kv_start // kb
+        j1 = jnp.where(jnp.any(rows_pf), (kv_end + kb - 1) // kb, j0)
+
+        def kv_step(j, carry):
+            c = j * kb + jnp.arange(kb)
+            seg_c = jnp.clip(jnp.searchsorted(cu_kv, c, side="right") - 1, 0, S - 1)
+            pos_c = c - cu_kv[seg_c]
+            col_valid = c < cu_kv[-1]
+            page = page_indices[seg_c, jnp.clip(pos_c // G, 0, W - 1)]
+            k = jnp.where(col_valid[None, :, None], k_pages[:, page, pos_c % G].astype(jnp.float32), 0.0)
+            v = jnp.where(col_valid[None, :, None], v_pages[:, page, pos_c % G].astype(jnp.float32), 0.0)
+            valid = (rows_pf[:, None] & col_valid[None, :] & (segs[:, None] == seg_c[None, :])
+                     & (pos_c[None, :] <= qp[:, None]))
+            if sliding_window is not None:
+                valid &= pos_c[None, :] > qp[:, None] - sliding_window
+            s = cap(jnp.einsum("tkrh,kch->tkrc", qb, k))
+            m, l, acc, p = _online_update(carry, s, valid[:, None, None, :], v)
+            return m, l, acc + jnp.einsum("tkrc,kch->tkrh", p, v)
+
+        init = (jnp.full((qbk, K, R), _NEG), jnp.zeros((qbk, K, R)), jnp.zeros((qbk, K, R, H)))
+        _, l, acc = jax.lax.fori_loop(j0, j1, kv_step, init)
+        res = (acc / jnp.maximum(l, 1e-30)[..., None]).reshape(qbk, N, H)
+        return jax.lax.dynamic_update_slice_in_dim(out, res, r0, 0)
+
+    pf_out = jax.lax.fori_loop(0, n_row_blocks, prefill_row_block, jnp.zeros((Tp, N, H)))[:T]
+
+    use_dec = (is_decode[seg_t] & row_valid)[:, None, None]
+    use_pf = row_pf[:, None, None]
+    out = jnp.where(use_dec, dec_out, jnp.where(use_pf, pf_out, 0.0))
     return out.astype(q.dtype)

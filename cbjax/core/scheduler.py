@@ -24,9 +24,6 @@ class SchedulerConfig:
     max_model_len: int = 2048  # prompt + output tokens of one sequence
     policy: str = "fcfs"
     enable_chunked_prefill: bool = True
-    # Upper bound on the summed context length of the multi-token sequences of one step; set by the runner, whose
-    # XLA attention path gathers those contexts into one buffer of a bucketed size. None = no bound.
-    max_prefill_kv_tokens: int | None = None
     # Pages kept free at admission so running sequences can grow without an immediate preemption.
     watermark_pages: int = 0
 
@@ -91,7 +88,6 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         cfg = self.config
         budget = cfg.max_num_batched_tokens
-        kv_budget = cfg.max_prefill_kv_tokens if cfg.max_prefill_kv_tokens is not None else float("inf")
         scheduled: list[ScheduledSeq] = []
         preempted: list[Request] = []
         now = self.clock.now()
@@ -105,7 +101,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = self._num_new_tokens(req, budget, kv_budget)
+            n = self._num_new_tokens(req, budget)
             if n == 0:
                 i += 1
                 continue
@@ -121,15 +117,13 @@ class Scheduler:
             req.pages.extend(self.pool.allocate(need))
             scheduled.append(self._scheduled(req, n, now))
             budget -= n
-            if n > 1:
-                kv_budget -= req.num_computed_tokens + n
             i += 1
 
         if not preempted and not self.policy.admits_whole_batch and self.policy.may_admit(self.running):
             while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
                 idx = self.policy.next_waiting_index(self.waiting)
                 req = self.waiting[idx]
-                n = self._num_new_tokens(req, budget, kv_budget)
+                n = self._num_new_tokens(req, budget)
                 if n == 0:
                     break
                 need = pages_for(req.num_computed_tokens + n, cfg.page_size)
@@ -142,18 +136,13 @@ class Scheduler:
                 self.running.append(req)
                 scheduled.append(self._scheduled(req, n, now))
                 budget -= n
-                if n > 1:
-                    kv_budget -= req.num_computed_tokens + n
 
         return SchedulerOutput(scheduled, cfg.max_num_batched_tokens - budget, preempted, now)
 
-    def _num_new_tokens(self, req: Request, budget: int, kv_budget: float) -> int:
+    def _num_new_tokens(self, req: Request, budget: int) -> int:
         n = min(req.num_uncomputed_tokens, budget)
         if n < req.num_uncomputed_tokens and not self.config.enable_chunked_prefill:
             return 0
-        if n > 1 and req.num_computed_tokens + n > kv_budget:
-            # Shrink the chunk to what the attention buffer holds; a one-token chunk needs none of it.
-            n = max(1, min(n, int(kv_budget) - req.num_computed_tokens))
         return n
 
     def _scheduled(self, req: Request, n: int, now: float) -> ScheduledSeq:

@@ -63,19 +63,22 @@ class ModelRunner:
     def warmup(self) -> float:
         """Compile every (token bucket, page bucket) shape; returns seconds spent."""
         t0 = time.perf_counter()
-        B = self.buckets.max_num_seqs
-        for T, W in self.buckets.shapes():
-            self._run(empty_step_input(T, W, B, self.pad_page, self.page_size)).block_until_ready()
+        b = self.buckets
+        for T in b.token_buckets:
+            self._run(empty_step_input(T, b.slots(T), b.pages_per_seq, self.pad_page, self.page_size)
+                      ).block_until_ready()
         return time.perf_counter() - t0
 
     def execute(self, out: SchedulerOutput) -> np.ndarray:
         """Run one step; returns one sampled token per scheduled sequence (ignored where it does not sample)."""
         t0 = time.perf_counter()
-        inp = pack_step(out, self.buckets, self.pad_page)
+        inp, order = pack_step(out, self.buckets, self.pad_page)
         tokens = self._run(inp)
         t1 = time.perf_counter()
         host_tokens = np.asarray(tokens)  # the one device -> host copy of the step
         t2 = time.perf_counter()
         self.last_host_s, self.last_device_s = t1 - t0, t2 - t1
         self.last_padded_tokens = inp.token_ids.shape[0]
-        return host_tokens[:len(out.seqs)]
+        result = np.empty(len(order), np.int32)
+        result[order] = host_tokens[:len(order)]
+        return result

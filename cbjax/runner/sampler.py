@@ -7,6 +7,23 @@ import jax
 import jax.numpy as jnp
 
 
+def argmax_last(x, block: int = 128):
+    """argmax over the last axis of x [B, V], first index on ties.
+
+    XLA:CPU's argmax reduction carries (value, index) pairs and does not vectorise: over a 32k vocabulary it cost
+    more than the LM-head matmul. Two plain max reductions (over blocks, then inside the winning block) give the
+    same answer ~10x faster.
+    """
+    B, V = x.shape
+    pad = (-V) % block
+    if pad:
+        x = jnp.pad(x, ((0, 0), (0, pad)), constant_values=-jnp.inf)
+    xb = x.reshape(B, -1, block)
+    best_block = jnp.argmax(jnp.max(xb, axis=-1), axis=-1)
+    inside = jnp.take_along_axis(xb, best_block[:, None, None], axis=1)[:, 0]
+    return (best_block * block + jnp.argmax(inside, axis=-1)).astype(jnp.int32)
+
+
 def _filter_top_k_top_p(x, top_k, top_p):
     """x [B, V] scaled logits -> x with everything outside each row's top-k and top-p nucleus set to -inf."""
     V = x.shape[-1]
@@ -27,7 +44,7 @@ def _filter_top_k_top_p(x, top_k, top_p):
 def sample(logits, temperature, top_k, top_p, seeds, counters):
     """logits [B, V] float32; temperature, top_p [B] f32; top_k [B] i32 (<= 0: off); seeds [B] u32;
     counters [B] i32 (how many tokens the request has generated) -> tokens [B] int32."""
-    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    greedy = argmax_last(logits)
 
     def stochastic():
         t = jnp.where(temperature > 0, temperature, 1.0)
@@ -36,7 +53,7 @@ def sample(logits, temperature, top_k, top_p, seeds, counters):
         x = jax.lax.cond(needs_filter, lambda: _filter_top_k_top_p(x, top_k, top_p), lambda: x)
         keys = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(seeds, counters)
         gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (logits.shape[-1],), jnp.float32))(keys)
-        return jnp.argmax(x + gumbel, axis=-1).astype(jnp.int32)
+        return argmax_last(x + gumbel)
 
     sampled = jax.lax.cond(jnp.all(temperature == 0), lambda: greedy, stochastic)
     return jnp.where(temperature == 0, greedy, sampled)

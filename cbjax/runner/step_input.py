@@ -1,9 +1,10 @@
 """StepInput: one step of the scheduler's output as fixed-shape, padded int32 arrays, and the bucket table.
 
-Shapes are fixed by (T, W): T = token bucket (powers of two from 16 up to max_num_batched_tokens), W = page-table
-width bucket (powers of two; W * G bounds both the longest decode context and the summed context of the step's
-multi-token sequences, see kernels_pallas/xla_attention.py). B = max_num_seqs slots is fixed per engine. Each
-(T, W) pair is one compiled program; all of them are compiled at warmup.
+The only shape that varies is the token bucket T (powers of two and their 1.5x midpoints, from 16 up to
+max_num_batched_tokens): the slot count is S = min(T, max_num_seqs) (a step cannot hold more sequences than
+tokens) and the page-table width W covers max_model_len. Attention work follows the real lengths at run time
+(kernels_pallas/xla_attention.py), so wider page tables cost nothing but their bytes. One compiled program per
+token bucket, all compiled at warmup.
 """
 import dataclasses
 import typing
@@ -17,50 +18,45 @@ class StepInput(typing.NamedTuple):
     token_ids: np.ndarray  # [T] int32
     positions: np.ndarray  # [T] int32
     slot_mapping: np.ndarray  # [T] int32: page * G + offset; padding -> the spare page
-    kv_lens: np.ndarray  # [B] int32: context length after this step (0 = empty slot)
-    page_indices: np.ndarray  # [B, W] int32
-    cu_q_lens: np.ndarray  # [B+1] int32
+    kv_lens: np.ndarray  # [S] int32: context length after this step (0 = empty slot)
+    page_indices: np.ndarray  # [S, W] int32
+    cu_q_lens: np.ndarray  # [S+1] int32
     num_seqs: np.ndarray  # [1] int32
-    sample_idx: np.ndarray  # [B] int32: flat index of each sequence's last token this step
-    temperature: np.ndarray  # [B] float32 (0 = greedy; padding slots are greedy)
-    top_k: np.ndarray  # [B] int32 (<= 0: off)
-    top_p: np.ndarray  # [B] float32
-    seeds: np.ndarray  # [B] uint32
-    counters: np.ndarray  # [B] int32: index of the token each slot samples
+    sample_idx: np.ndarray  # [S] int32: flat index of each sequence's last token this step
+    temperature: np.ndarray  # [S] float32 (0 = greedy; padding slots are greedy)
+    top_k: np.ndarray  # [S] int32 (<= 0: off)
+    top_p: np.ndarray  # [S] float32
+    seeds: np.ndarray  # [S] uint32
+    counters: np.ndarray  # [S] int32: index of the token each slot samples
 
 
-def _powers_of_two(lo: int, hi: int) -> list[int]:
+def token_buckets(lo: int, hi: int) -> list[int]:
+    """Powers of two and their 1.5x midpoints in [lo, hi], plus hi: padding waste stays under a third."""
     out, b = [], lo
     while b < hi:
         out.append(b)
+        if b * 3 // 2 < hi and b >= 16:
+            out.append(b * 3 // 2)
         b *= 2
     out.append(hi)
-    return out
+    return sorted(set(out))
 
 
 @dataclasses.dataclass(frozen=True)
 class BucketTable:
     token_buckets: tuple[int, ...]
-    page_buckets: tuple[int, ...]  # page-table widths W
-    page_size: int
     max_num_seqs: int
+    page_size: int
+    pages_per_seq: int  # W
 
     @classmethod
     def build(cls, max_num_batched_tokens: int, max_model_len: int, page_size: int, max_num_seqs: int,
-              min_tokens: int = 16, min_kv_tokens: int = 128) -> "BucketTable":
-        tokens = _powers_of_two(min(min_tokens, max_num_batched_tokens), max_num_batched_tokens)
-        # Room for the longest context plus a full step of prefill tokens from other sequences.
-        max_pages = -(-(max_model_len + max_num_batched_tokens) // page_size)
-        top = 1 << (max_pages - 1).bit_length()
-        lo = min(max(1, min_kv_tokens // page_size), top)
-        return cls(tuple(tokens), tuple(_powers_of_two(lo, top)), page_size, max_num_seqs)
+              min_tokens: int = 16) -> "BucketTable":
+        tokens = token_buckets(min(min_tokens, max_num_batched_tokens), max_num_batched_tokens)
+        return cls(tuple(tokens), max_num_seqs, page_size, -(-max_model_len // page_size))
 
-    @property
-    def max_prefill_kv_tokens(self) -> int:
-        return self.page_buckets[-1] * self.page_size
-
-    def shapes(self) -> list[tuple[int, int]]:
-        return [(t, w) for t in self.token_buckets for w in self.page_buckets]
+    def slots(self, T: int) -> int:
+        return min(T, self.max_num_seqs)
 
     def token_bucket(self, n: int) -> int:
         for b in self.token_buckets:
@@ -68,42 +64,30 @@ class BucketTable:
                 return b
         raise ValueError(f"{n} tokens exceed the largest token bucket {self.token_buckets[-1]}")
 
-    def page_bucket(self, num_pages: int) -> int:
-        for b in self.page_buckets:
-            if num_pages <= b:
-                return b
-        raise ValueError(f"{num_pages} pages exceed the largest page bucket {self.page_buckets[-1]}")
 
-
-def empty_step_input(T: int, W: int, B: int, pad_page: int, page_size: int) -> StepInput:
-    """All-padding input of the given bucket shape (for warmup)."""
+def empty_step_input(T: int, S: int, W: int, pad_page: int, page_size: int) -> StepInput:
+    """All-padding input of the given shape (also the base that pack_step fills in)."""
     return StepInput(
         token_ids=np.zeros(T, np.int32), positions=np.zeros(T, np.int32),
-        slot_mapping=np.full(T, pad_page * page_size, np.int32), kv_lens=np.zeros(B, np.int32),
-        page_indices=np.full((B, W), pad_page, np.int32), cu_q_lens=np.zeros(B + 1, np.int32),
-        num_seqs=np.zeros(1, np.int32), sample_idx=np.zeros(B, np.int32), temperature=np.zeros(B, np.float32),
-        top_k=np.zeros(B, np.int32), top_p=np.ones(B, np.float32), seeds=np.zeros(B, np.uint32),
-        counters=np.zeros(B, np.int32))
+        slot_mapping=np.full(T, pad_page * page_size, np.int32), kv_lens=np.zeros(S, np.int32),
+        page_indices=np.full((S, W), pad_page, np.int32), cu_q_lens=np.zeros(S + 1, np.int32),
+        num_seqs=np.zeros(1, np.int32), sample_idx=np.zeros(S, np.int32), temperature=np.zeros(S, np.float32),
+        top_k=np.zeros(S, np.int32), top_p=np.ones(S, np.float32), seeds=np.zeros(S, np.uint32),
+        counters=np.zeros(S, np.int32))
 
 
-def pack_step(out: SchedulerOutput, buckets: BucketTable, pad_page: int) -> StepInput:
-    """Lay the scheduled sequences out as one flat, padded batch (sequences in scheduling order)."""
-    G, B = buckets.page_size, buckets.max_num_seqs
+def pack_step(out: SchedulerOutput, buckets: BucketTable, pad_page: int) -> tuple[StepInput, list[int]]:
+    """Lay the scheduled sequences out as one flat padded batch, decodes first (the attention's decode loop then
+    visits only the leading slots). Returns the input and `order`: slot i holds out.seqs[order[i]]."""
+    G = buckets.page_size
     seqs = out.seqs
-    max_decode_kv = prefill_kv = max_pages = 0
-    for s in seqs:
-        kv = s.num_computed + s.num_new_tokens
-        if s.num_new_tokens == 1:
-            max_decode_kv = max(max_decode_kv, kv)
-        else:
-            prefill_kv += kv
-        max_pages = max(max_pages, len(s.request.pages))
+    order = sorted(range(len(seqs)), key=lambda i: seqs[i].num_new_tokens > 1)
     T = buckets.token_bucket(out.num_batched_tokens)
-    W = buckets.page_bucket(max(max_pages, -(-max(max_decode_kv, prefill_kv) // G)))
-    inp = empty_step_input(T, W, B, pad_page, G)
+    inp = empty_step_input(T, buckets.slots(T), buckets.pages_per_seq, pad_page, G)
     tok, pos, slot, pt = inp.token_ids, inp.positions, inp.slot_mapping, inp.page_indices
     off = 0
-    for i, s in enumerate(seqs):
+    for i, j in enumerate(order):
+        s = seqs[j]
         r = s.request
         c, k = s.num_computed, s.num_new_tokens
         tok[off:off + k] = r.all_token_ids[c:c + k]
@@ -127,4 +111,4 @@ def pack_step(out: SchedulerOutput, buckets: BucketTable, pad_page: int) -> Step
         inp.counters[i] = len(r.output_token_ids)
     inp.cu_q_lens[len(seqs) + 1:] = off
     inp.num_seqs[0] = len(seqs)
-    return inp
+    return inp, order

@@ -90,7 +90,7 @@ def test_random_workloads_always_finish_without_leaks():
     for trial in range(20):
         cfg = SchedulerConfig(max_num_seqs=rng.randint(1, 6), max_num_batched_tokens=rng.choice([8, 16, 64]),
                               page_size=rng.choice([2, 4, 8]), num_pages=rng.randint(12, 40), max_model_len=48,
-                              policy=rng.choice(["fcfs", "static"]), max_prefill_kv_tokens=rng.choice([None, 64]))
+                              policy=rng.choice(["fcfs", "static"]))
         s = Scheduler(cfg, VirtualClock())
         reqs = []
         for i in range(rng.randint(1, 12)):

@@ -1,0 +1,1 @@
+"""The runner room: StepInput packing, the jitted step, on-device sampling."""

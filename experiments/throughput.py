@@ -1,0 +1,85 @@
+"""Offline throughput on a JSON workload in the peers' format (../shared/peers/make_workload.py).
+
+  python -m experiments.throughput --workload WL.json --model llama-tiny [--max_num_seqs 256 ...]
+
+Greedy, EOS ignored, warmup (compiling every bucket) excluded from the timed region. Prints one JSON line
+{method, requests, output_tokens, wall_s, output_tok_per_s, ...} with the engine options used and a per-step
+profile (host vs device time, padding waste, compiles after warmup). With --repeats N the workload runs N times
+on the same engine and wall_s is the median.
+"""
+import json
+import os
+import statistics
+import time
+
+from absl import app, flags
+
+flags.DEFINE_string("workload", None, "JSON list of {prompt_token_ids, max_new_tokens}", required=True)
+flags.DEFINE_string("model", "llama-tiny", "named model config")
+flags.DEFINE_string("policy", "fcfs", "scheduling policy")
+flags.DEFINE_integer("max_num_seqs", 256, "slots per step")
+flags.DEFINE_integer("max_num_batched_tokens", 2048, "token budget per step")
+flags.DEFINE_integer("page_size", 16, "tokens per KV page")
+flags.DEFINE_integer("num_pages", None, "KV pages (default: from --kv_cache_memory_gib)")
+flags.DEFINE_float("kv_cache_memory_gib", 2.0, "KV cache budget when --num_pages is not set")
+flags.DEFINE_integer("max_model_len", None, "default: the workload's longest prompt + output, at least 512")
+flags.DEFINE_string("dtype", "float32", "float32 or bfloat16")
+flags.DEFINE_string("attention_backend", "auto", "auto | pallas | reference")
+flags.DEFINE_integer("repeats", 1, "timed runs on the same engine; wall_s is their median")
+flags.DEFINE_string("dump_dir", None, "write the generated token ids to DIR/cbjax.json (for peers/compare.py)")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    del argv
+    from cbjax import LLM, SamplingParams
+
+    wl = json.load(open(FLAGS.workload))
+    max_len = max(len(w["prompt_token_ids"]) + w["max_new_tokens"] for w in wl)
+    opts = dict(policy=FLAGS.policy, max_num_seqs=FLAGS.max_num_seqs,
+                max_num_batched_tokens=FLAGS.max_num_batched_tokens, page_size=FLAGS.page_size,
+                num_pages=FLAGS.num_pages, kv_cache_memory_gib=FLAGS.kv_cache_memory_gib,
+                max_model_len=FLAGS.max_model_len or max(max_len, 512), dtype=FLAGS.dtype,
+                attention_backend=FLAGS.attention_backend)
+    t = time.perf_counter()
+    llm = LLM(FLAGS.model, **opts)
+    setup_s = time.perf_counter() - t
+    engine = llm.engine
+    prompts = [w["prompt_token_ids"] for w in wl]
+    params = [SamplingParams(max_tokens=w["max_new_tokens"], temperature=0.0, ignore_eos=True) for w in wl]
+    compiles_before = engine.num_compiles
+    walls, outs = [], None
+    for _ in range(FLAGS.repeats):
+        first_step = len(engine.step_records)
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, params)
+        walls.append(time.perf_counter() - t0)
+        steps = engine.step_records[first_step:]
+    got = sum(len(o.outputs[0].token_ids) for o in outs)
+    wall = statistics.median(walls)
+    host = [s["host_s"] for s in steps]
+    dev = [s["device_s"] for s in steps]
+    sched = sum(s["num_scheduled_tokens"] for s in steps)
+    padded = sum(s["padded_tokens"] for s in steps)
+    print(json.dumps({
+        "method": f"cbjax_{FLAGS.policy}", "model": FLAGS.model, "requests": len(wl), "output_tokens": got,
+        "wall_s": round(wall, 3), "output_tok_per_s": round(got / wall, 2),
+        "wall_s_runs": [round(w, 3) for w in walls], "setup_s": round(setup_s, 1),
+        "warmup_s": round(engine.warmup_s, 1), "steps": len(steps),
+        "host_ms_per_step": round(1e3 * statistics.mean(host), 3),
+        "device_ms_per_step": round(1e3 * statistics.mean(dev), 3),
+        "host_fraction": round(sum(host) / (sum(host) + sum(dev)), 4),
+        "padding_waste": round(1 - sched / padded, 4), "mean_seqs_per_step": round(
+            statistics.mean(s["num_scheduled_seqs"] for s in steps), 1),
+        "preemptions": sum(s["num_preemptions"] for s in steps),
+        "compiles_warmup": compiles_before, "compiles_after_warmup": engine.num_compiles - compiles_before,
+        **{k: v for k, v in engine.config.__dict__.items() if k in opts or k == "num_pages"},
+    }), flush=True)
+    if FLAGS.dump_dir:
+        os.makedirs(FLAGS.dump_dir, exist_ok=True)
+        with open(os.path.join(FLAGS.dump_dir, "cbjax.json"), "w") as f:
+            json.dump([o.outputs[0].token_ids for o in outs], f)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -36,6 +36,7 @@ class EngineConfig:
     pallas_interpret: bool = False  # run Pallas kernels in interpret mode (CPU tests)
     enable_chunked_prefill: bool = True
     watermark: float = 0.01  # fraction of pages kept free when admitting, so running sequences can grow
+    static_batch_timeout_s: float = 0.0  # static: wait for a full batch or this long (0: start with what waits)
     warmup: bool = True  # compile every bucket at start-up
 
 
@@ -65,7 +66,8 @@ class LLMEngine:
             max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
             page_size=cfg.page_size, num_pages=num_pages, max_model_len=max_model_len, policy=cfg.policy,
             enable_chunked_prefill=cfg.enable_chunked_prefill,
-            watermark_pages=int(cfg.watermark * num_pages)), self.clock)
+            watermark_pages=int(cfg.watermark * num_pages),
+            static_batch_timeout_s=cfg.static_batch_timeout_s), self.clock)
         self.runner = ModelRunner(self.model, num_pages=num_pages, page_size=cfg.page_size, buckets=self.buckets,
                                   backend=resolve_backend(cfg.attention_backend), interpret=cfg.pallas_interpret)
         self.warmup_s = self.runner.warmup() if cfg.warmup else 0.0

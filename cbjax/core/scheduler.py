@@ -26,6 +26,8 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     # Pages kept free at admission so running sequences can grow without an immediate preemption.
     watermark_pages: int = 0
+    # static: a new batch waits until full or until its oldest request waited this long (0: start at once).
+    static_batch_timeout_s: float = 0.0
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "page_size", "num_pages", "max_model_len"):
@@ -61,7 +63,8 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, clock: Clock, policy: Policy | None = None):
         self.config = config
         self.clock = clock
-        self.policy = policy or make_policy(config.policy)
+        self.policy = policy or make_policy(config.policy, max_num_seqs=config.max_num_seqs,
+                                            batch_timeout_s=config.static_batch_timeout_s)
         self.pool = PagePool(config.num_pages)
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []  # in admission order
@@ -92,7 +95,7 @@ class Scheduler:
         preempted: list[Request] = []
         now = self.clock.now()
 
-        if self.policy.admits_whole_batch and self.policy.may_admit(self.running):
+        if self.policy.admits_whole_batch and self.policy.may_admit(self.running, self.waiting, now):
             while self.waiting and len(self.running) < cfg.max_num_seqs:
                 req = self.waiting.popleft()
                 req.status = RequestStatus.RUNNING
@@ -119,7 +122,8 @@ class Scheduler:
             budget -= n
             i += 1
 
-        if not preempted and not self.policy.admits_whole_batch and self.policy.may_admit(self.running):
+        if (not preempted and not self.policy.admits_whole_batch
+                and self.policy.may_admit(self.running, self.waiting, now)):
             while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
                 idx = self.policy.next_waiting_index(self.waiting)
                 req = self.waiting[idx]

@@ -117,3 +117,19 @@ def test_can_ever_fit_refuses_requests_bigger_than_the_pool_or_model_len():
 def test_unknown_policy_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown policy"):
         Scheduler(SchedulerConfig(policy="nope"), VirtualClock())
+
+
+def test_static_batch_timeout_waits_for_full_batch_or_timeout():
+    clock = VirtualClock()
+    s = Scheduler(SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=64, page_size=8, num_pages=64,
+                                  max_model_len=256, policy="static", static_batch_timeout_s=1.0), clock)
+    s.add(make(4, 1, "a", 0))
+    assert s.schedule().is_empty  # one of three, not timed out
+    clock.advance(0.5)
+    s.add(make(4, 1, "b", 1))
+    assert s.schedule().is_empty
+    clock.advance(0.5)  # a has waited 1.0 s
+    assert [q.request.request_id for q in run_step(s).seqs] == ["a", "b"]
+    for i in range(3):
+        s.add(make(4, 1, f"c{i}", 2 + i))
+    assert [q.request.request_id for q in run_step(s).seqs] == ["c0", "c1", "c2"]  # full: no wait

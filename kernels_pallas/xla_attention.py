@@ -62,7 +62,7 @@ def xla_ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_indices, cu_q_
     is_prefill = q_lens > 1
     num_tokens = cu_q_lens[num_seqs[0]]
     t = jnp.arange(T)
-    seg_t = jnp.clip(jnp.searchsorted(cu_q_lens, t, side="right") - 1, 0, S - 1)  # [T] owning sequence
+    seg_t = jnp.clip(jnp.searchsorted(cu_q_lens, t, side="right", method="compare_all") - 1, 0, S - 1)  # [T] owning sequence
     row_valid = t < num_tokens
     qf = q.astype(jnp.float32) * scale
 
@@ -91,9 +91,9 @@ def xla_ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_indices, cu_q_
             valid = pos[None, :] < kvl[:, None]  # [sb, c]
             if sliding_window is not None:
                 valid &= pos[None, :] > kvl[:, None] - 1 - sliding_window
-            k = k_pages[:, pages].reshape(K, sb, pb * G, H)
+            # Scores of masked positions are replaced (NaN-safe); V must be zeroed, since 0 * NaN is NaN.
+            k = k_pages[:, pages].reshape(K, sb, pb * G, H).astype(jnp.float32)
             v = v_pages[:, pages].reshape(K, sb, pb * G, H)
-            k = jnp.where(valid[None, :, :, None], k.astype(jnp.float32), 0.0)
             v = jnp.where(valid[None, :, :, None], v.astype(jnp.float32), 0.0)
             s = cap(jnp.einsum("skrh,ksch->skrc", qb, k))
             m, l, acc, p = _online_update(carry, s, valid[:, None, None, :], v)
@@ -139,11 +139,11 @@ def xla_ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_indices, cu_q_
 
         def kv_step(j, carry):
             c = j * kb + jnp.arange(kb)
-            seg_c = jnp.clip(jnp.searchsorted(cu_kv, c, side="right") - 1, 0, S - 1)
+            seg_c = jnp.clip(jnp.searchsorted(cu_kv, c, side="right", method="compare_all") - 1, 0, S - 1)
             pos_c = c - cu_kv[seg_c]
             col_valid = c < cu_kv[-1]
             page = page_indices[seg_c, jnp.clip(pos_c // G, 0, W - 1)]
-            k = jnp.where(col_valid[None, :, None], k_pages[:, page, pos_c % G].astype(jnp.float32), 0.0)
+            k = k_pages[:, page, pos_c % G].astype(jnp.float32)
             v = jnp.where(col_valid[None, :, None], v_pages[:, page, pos_c % G].astype(jnp.float32), 0.0)
             valid = (rows_pf[:, None] & col_valid[None, :] & (segs[:, None] == seg_c[None, :])
                      & (pos_c[None, :] <= qp[:, None]))

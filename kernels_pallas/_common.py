@@ -15,6 +15,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+# Programs we want in flight on a GPU before splitting the kv context stops
+# paying off (about two waves on an H100/H200's 132 SMs), and a cap on the
+# splits (each adds an f32 partial output the wrapper has to merge).
+GPU_TARGET_PROGRAMS = 256
+GPU_MAX_SPLITS = 16
+
 # Platforms accepted by the `platform=` argument of the public wrappers, mapped
 # to the kernel variant that serves them.
 _VARIANTS = {"tpu": "tpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu"}
@@ -172,3 +178,28 @@ def finalize(acc, l, dtype):
   """acc / l, with rows that saw no token (l == 0) set to 0 instead of NaN."""
   safe_l = jnp.where(l > 0, l, 1.0)
   return jnp.where(l > 0, acc / safe_l, 0.0).astype(dtype)
+
+
+def default_gpu_splits(num_programs: int, max_tiles: int) -> int:
+  """kv splits per program so that about GPU_TARGET_PROGRAMS run at once."""
+  splits = next_pow2(-(-GPU_TARGET_PROGRAMS // num_programs))
+  return max(1, min(splits, GPU_MAX_SPLITS, max_tiles))
+
+
+def split_range(lo, hi, split, num_splits):
+  """This split's even share [start, stop) of the tile range [lo, hi)."""
+  per_split = lax.div(jnp.maximum(hi - lo, 0) + num_splits - 1, num_splits)
+  start = lo + split * per_split
+  return start, jnp.minimum(start + per_split, hi)
+
+
+def merge_partials(acc, m, l, dtype):
+  """Merges split softmaxes: acc [splits, ..., H], m and l [splits, ..., 1].
+
+  Each split's sums are rescaled to the common max (log-sum-exp); splits that
+  saw no token have m = -inf and l = 0 and drop out.
+  """
+  m_all = jnp.max(m, axis=0)
+  scale = jnp.exp(m - jnp.where(m_all == -jnp.inf, 0.0, m_all))
+  return finalize(jnp.sum(scale * acc, axis=0), jnp.sum(scale * l, axis=0),
+                  dtype)

@@ -32,10 +32,6 @@ from kernels_pallas import _common
 
 # Minimum query rows of a Triton tile: tl.dot needs M >= 16.
 _GPU_MIN_ROWS = 16
-# Programs we want in flight on a GPU before splitting the context stops
-# paying off (about two waves on an H100/H200's 132 SMs).
-_GPU_TARGET_PROGRAMS = 256
-_GPU_MAX_SPLITS = 16
 
 
 def reference_paged_attention(
@@ -212,11 +208,8 @@ def _gpu_kernel(
   first_tok = first_tok_ref[b]
 
   # This split's tiles: an even share of the tiles that hold the window.
-  lo = first_tok // tile
-  hi = pl.cdiv(kv_len, tile)
-  per_split = pl.cdiv(jnp.maximum(hi - lo, 0), num_splits)
-  start = lo + split * per_split
-  stop = jnp.minimum(start + per_split, hi)
+  start, stop = _common.split_range(lax.div(first_tok, tile),
+                                    pl.cdiv(kv_len, tile), split, num_splits)
 
   q = q_ref[...]
   rows = q.shape[0]
@@ -254,9 +247,7 @@ def _gpu_call(q4, k_pages, v_pages, kv_lens, first_tok, pages, *, sm_scale,
   pages = jnp.pad(pages, ((0, 0), (0, -pages.shape[1] % pages_per_tile)))
   max_tiles = pages.shape[1] // pages_per_tile
   if num_splits is None:
-    num_splits = _common.next_pow2(pl.cdiv(_GPU_TARGET_PROGRAMS,
-                                           batch * num_kv_heads))
-    num_splits = min(num_splits, _GPU_MAX_SPLITS, max_tiles)
+    num_splits = _common.default_gpu_splits(batch * num_kv_heads, max_tiles)
 
   whole = lambda shape: pl.BlockSpec(shape, lambda *_: (0,) * len(shape))
   kv_spec = pl.BlockSpec((None, num_pages, page_size, head_dim),
@@ -283,11 +274,7 @@ def _gpu_call(q4, k_pages, v_pages, kv_lens, first_tok, pages, *, sm_scale,
       name="paged_attention_gpu",
   )(kv_lens, first_tok, pages, q4, k_pages, v_pages)
 
-  # Merge the splits' partial softmaxes (log-sum-exp rescaling).
-  m_all = jnp.max(m, axis=0)
-  scale = jnp.exp(m - jnp.where(m_all == -jnp.inf, 0.0, m_all))
-  return _common.finalize(jnp.sum(scale * acc, axis=0),
-                          jnp.sum(scale * l, axis=0), q4.dtype)
+  return _common.merge_partials(acc, m, l, q4.dtype)
 
 
 # ----------------------------------------------------------------------------
@@ -308,7 +295,7 @@ def paged_attention(
     sm_scale: float | None = None,
     soft_cap: float | None = None,
     sliding_window: int | None = None,
-    interpret: bool = False,
+    interpret: bool | pltpu.InterpretParams = False,
     platform: str | None = None,
     block_kv: int = 64,
     num_splits: int | None = None,
@@ -326,7 +313,10 @@ def paged_attention(
     sm_scale: score scale, default H ** -0.5.
     soft_cap: if set, scores = soft_cap * tanh(scores / soft_cap).
     sliding_window: if set, attend only to the last `sliding_window` tokens.
-    interpret: run the kernel in the Pallas interpreter (CPU tests).
+    interpret: True runs the kernel in the generic Pallas interpreter (CPU
+      tests). TPU variant only: a pltpu.InterpretParams selects the TPU
+      interpreter instead, which also simulates DMAs and can raise on
+      out-of-bounds reads.
     platform: "tpu" (Mosaic kernel) or "gpu"/"cuda"/"rocm" (Triton kernel);
       None follows jax.default_backend() and means "tpu" in interpret mode on
       CPU.
@@ -354,6 +344,8 @@ def paged_attention(
   _common.check_int32("page_indices", page_indices, page_indices.shape)
   _common.check_options(sm_scale, soft_cap, sliding_window)
   variant = _common.resolve_variant(platform, interpret)
+  if variant == "gpu" and isinstance(interpret, pltpu.InterpretParams):
+    raise ValueError("pltpu.InterpretParams only applies to the TPU variant")
   if sm_scale is None:
     sm_scale = head_dim ** -0.5
 

@@ -21,7 +21,9 @@ serves all of them (rows of other sequences are masked).
   current one is used. Running max / sum / accumulator are VMEM scratch.
 * GPU (Triton): metadata is read from plain refs (Triton has no scalar
   prefetch); kv tiles are gathered straight from the [P, G, H] pages of the
-  program's kv head, and the softmax state is carried in registers.
+  program's kv head, and the softmax state is carried in registers. A third
+  grid axis splits every sequence's kv tiles (flash-decoding) when there are
+  too few (block, head) programs to fill the GPU; the wrapper merges splits.
 
 `reference_ragged_paged_attention` is the pure-jnp definition.
 """
@@ -195,7 +197,10 @@ def _tpu_kernel(
   def seq_body(i, _):
     q_start, q_end, kv_len = cu_ref[i], cu_ref[i + 1], lens_ref[i]
     lo_tok, hi_tok = block.seq_window(q_start, q_end, kv_len, sliding_window)
-    lo_page = lo_tok // page_size
+    # lax.div/rem, not // and %: both operands are >= 0, and jnp's floor
+    # semantics emit a sign op whose Mosaic lowering needs a real TPU to ask
+    # for its generation (it fails when lowering on a CPU host).
+    lo_page = lax.div(lo_tok, page_size)
     hi_page = jnp.minimum(pl.cdiv(hi_tok, page_size), pages_per_seq)
     num_chunks = pl.cdiv(jnp.maximum(hi_page - lo_page, 0), pages_per_chunk)
 
@@ -221,7 +226,7 @@ def _tpu_kernel(
       start_chunk(0, 0)
 
     def chunk_body(chunk, _):
-      slot = chunk % 2
+      slot = lax.rem(chunk, 2)
 
       # Fetch the next chunk into the other buffer while this one is used;
       # that buffer's previous chunk was consumed in the last iteration.
@@ -229,11 +234,18 @@ def _tpu_kernel(
       def _prefetch():
         start_chunk(chunk + 1, 1 - slot)
 
+      # Wait for the whole chunk before reading any of it: copies sharing a
+      # semaphore may land in any order, so a wait sized for page p only
+      # proves that *some* page of the chunk has arrived.
+      for p in range(pages_per_chunk):
+        @pl.when(in_range(chunk, p))
+        def _wait():
+          for c in copies(chunk, p, slot):
+            c.wait()
+
       for p in range(pages_per_chunk):
         @pl.when(in_range(chunk, p))
         def _attend():
-          for c in copies(chunk, p, slot):
-            c.wait()
           start = (lo_page + chunk * pages_per_chunk + p) * page_size
           pos_row = start + lax.broadcasted_iota(jnp.int32, (1, page_size), 1)
           pos_col = start + lax.broadcasted_iota(jnp.int32, (page_size, 1), 0)
@@ -299,8 +311,8 @@ def _gpu_kernel(
     q_ref,  # [R, H] R = block_q * r_pad rows of kv head h
     k_ref,  # [P, G, H] every page of kv head h (a pointer; read by tile)
     v_ref,  # [P, G, H]
-    o_ref,  # [R, H]
-    *,
+    o_ref,  # [R, H] output (one split) or f32 unnormalised partial
+    *stat_refs,  # with splits: m_ref, l_ref f32 [R, 1] this split's max, sum
     sm_scale: float,
     soft_cap: float | None,
     sliding_window: int | None,
@@ -308,7 +320,8 @@ def _gpu_kernel(
     rows_per_token: int,
     pages_per_tile: int,
 ):
-  qb = pl.program_id(0)
+  qb, split = pl.program_id(0), pl.program_id(2)
+  num_splits = pl.num_programs(2)
   _, page_size, head_dim = k_ref.shape
   tile = pages_per_tile * page_size
   max_tiles = pages_ref.shape[1] // pages_per_tile
@@ -319,7 +332,11 @@ def _gpu_kernel(
   def seq_body(i, carry):
     q_start, q_end, kv_len = cu_ref[i], cu_ref[i + 1], lens_ref[i]
     lo_tok, hi_tok = block.seq_window(q_start, q_end, kv_len, sliding_window)
-    hi = jnp.minimum(pl.cdiv(hi_tok, tile), max_tiles)
+    # Each split takes an even share of every sequence's tiles, so a block of
+    # decode tokens with long contexts still spreads over many programs.
+    start, stop = _common.split_range(
+        lax.div(lo_tok, tile), jnp.minimum(pl.cdiv(hi_tok, tile), max_tiles),
+        split, num_splits)
 
     def tile_body(t, carry):
       m, l, acc = carry
@@ -333,45 +350,68 @@ def _gpu_kernel(
           block.score_mask(q_start, q_end, kv_len, pos_row, sliding_window),
           pos_col < kv_len, m, l, acc, sm_scale=sm_scale, soft_cap=soft_cap)
 
-    return lax.fori_loop(lo_tok // tile, hi, tile_body, carry)
+    return lax.fori_loop(start, stop, tile_body, carry)
 
   init = (jnp.full((rows, 1), -jnp.inf, jnp.float32),
           jnp.zeros((rows, 1), jnp.float32),
           jnp.zeros((rows, head_dim), jnp.float32))
-  _, l, acc = lax.fori_loop(seq_lo_ref[qb], seq_hi_ref[qb], seq_body, init)
-  o_ref[...] = _common.finalize(acc, l, o_ref.dtype)
+  m, l, acc = lax.fori_loop(seq_lo_ref[qb], seq_hi_ref[qb], seq_body, init)
+  if stat_refs:
+    m_ref, l_ref = stat_refs
+    o_ref[...], m_ref[...], l_ref[...] = acc, m, l
+  else:
+    o_ref[...] = _common.finalize(acc, l, o_ref.dtype)
 
 
 def _gpu_call(q3, k_pages, v_pages, kv_lens, pages, cu, seq_lo, seq_hi, *,
               sm_scale, soft_cap, sliding_window, block_q, rows_per_token,
-              block_kv, interpret):
+              block_kv, num_splits, interpret):
   num_kv_heads, total_rows, head_dim = q3.shape
   _, num_pages, page_size, _ = k_pages.shape
   rows = block_q * rows_per_token
+  num_blocks = total_rows // rows
   tile = max(block_kv, page_size)
   pages_per_tile = tile // page_size
   # Whole tiles only: pad the table with page 0 (in bounds, masked by length).
   pages = jnp.pad(pages, ((0, 0), (0, -pages.shape[1] % pages_per_tile)))
+  if num_splits is None:
+    num_splits = _common.default_gpu_splits(
+        num_blocks * num_kv_heads, pages.shape[1] // pages_per_tile)
+
   kernel = functools.partial(
       _gpu_kernel, sm_scale=sm_scale, soft_cap=soft_cap,
       sliding_window=sliding_window, block_q=block_q,
       rows_per_token=rows_per_token, pages_per_tile=pages_per_tile)
   whole = lambda shape: pl.BlockSpec(shape, lambda *_: (0,) * len(shape))
-  q_spec = pl.BlockSpec((None, rows, head_dim), lambda qb, h: (h, qb, 0))
+  q_spec = pl.BlockSpec((None, rows, head_dim), lambda qb, h, s: (h, qb, 0))
   kv_spec = pl.BlockSpec((None, num_pages, page_size, head_dim),
-                         lambda qb, h: (h, 0, 0, 0))
-  return pl.pallas_call(
+                         lambda qb, h, s: (h, 0, 0, 0))
+  if num_splits == 1:
+    # One split finalises in the kernel: no f32 round trip through HBM.
+    out_shape = jax.ShapeDtypeStruct(q3.shape, q3.dtype)
+    out_specs = q_spec
+  else:
+    part = lambda last: pl.BlockSpec((None, None, rows, last),
+                                     lambda qb, h, s: (s, h, qb, 0))
+    part_shape = lambda last: jax.ShapeDtypeStruct(
+        (num_splits, num_kv_heads, total_rows, last), jnp.float32)
+    out_shape = [part_shape(head_dim), part_shape(1), part_shape(1)]
+    out_specs = [part(head_dim), part(1), part(1)]
+  out = pl.pallas_call(
       kernel,
-      out_shape=jax.ShapeDtypeStruct(q3.shape, q3.dtype),
-      grid=(total_rows // rows, num_kv_heads),
+      out_shape=out_shape,
+      grid=(num_blocks, num_kv_heads, num_splits),
       in_specs=[whole(kv_lens.shape), whole(pages.shape), whole(cu.shape),
                 whole(seq_lo.shape), whole(seq_hi.shape), q_spec, kv_spec,
                 kv_spec],
-      out_specs=q_spec,
+      out_specs=out_specs,
       compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
       interpret=interpret,
       name="ragged_paged_attention_gpu",
   )(kv_lens, pages, cu, seq_lo, seq_hi, q3, k_pages, v_pages)
+  if num_splits == 1:
+    return out
+  return _common.merge_partials(*out, q3.dtype)
 
 
 # ----------------------------------------------------------------------------
@@ -381,7 +421,7 @@ def _gpu_call(q3, k_pages, v_pages, kv_lens, pages, cu, seq_lo, seq_hi, *,
 @functools.partial(
     jax.jit,
     static_argnames=("sm_scale", "sliding_window", "soft_cap", "interpret",
-                     "platform", "block_q", "block_kv"))
+                     "platform", "block_q", "block_kv", "num_splits"))
 def ragged_paged_attention(
     q: jax.Array,
     k_pages: jax.Array,
@@ -394,10 +434,11 @@ def ragged_paged_attention(
     sm_scale: float | None = None,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
-    interpret: bool = False,
+    interpret: bool | pltpu.InterpretParams = False,
     platform: str | None = None,
     block_q: int | None = None,
     block_kv: int | None = None,
+    num_splits: int | None = None,
 ) -> jax.Array:
   """Causal attention of a flat, ragged batch of new tokens to paged KV.
 
@@ -416,13 +457,18 @@ def ragged_paged_attention(
     sm_scale: score scale, default H ** -0.5.
     sliding_window: if set, query at position x sees only positions > x - w.
     soft_cap: if set, scores = soft_cap * tanh(scores / soft_cap).
-    interpret: run the kernel in the Pallas interpreter (CPU tests).
+    interpret: True runs the kernel in the generic Pallas interpreter (CPU
+      tests). TPU variant only: a pltpu.InterpretParams selects the TPU
+      interpreter instead, which also simulates DMAs and can raise on
+      out-of-bounds reads.
     platform: "tpu" (Mosaic kernel) or "gpu"/"cuda"/"rocm" (Triton kernel);
       None follows jax.default_backend() and means "tpu" in interpret mode on
       CPU.
     block_q: tokens per program (power of two); default fills ~32 rows.
     block_kv: kv tokens fetched per step (power of two, >= 16); default 128
       on TPU, 64 on GPU. Rounded up to a whole page.
+    num_splits: GPU only: programs per (query block, kv head) splitting each
+      sequence's kv tiles; None picks enough to fill the GPU.
 
   Returns:
     [T, N, H] in q's dtype. Rows >= cu_q_lens[num_seqs[0]] are zeros.
@@ -449,6 +495,8 @@ def ragged_paged_attention(
   _common.check_int32("num_seqs", num_seqs, (1,))
   _common.check_options(sm_scale, soft_cap, sliding_window)
   variant = _common.resolve_variant(platform, interpret)
+  if variant == "gpu" and isinstance(interpret, pltpu.InterpretParams):
+    raise ValueError("pltpu.InterpretParams only applies to the TPU variant")
   if variant == "gpu":
     _common.check_gpu_shapes(page_size, head_dim)
   if sm_scale is None:
@@ -463,6 +511,8 @@ def ragged_paged_attention(
     raise ValueError(
         f"GPU kernel needs block_q * r_pad >= 16 query rows (tl.dot), got "
         f"{block_q} * {rows_per_token}")
+  if num_splits is not None and num_splits < 1:
+    raise ValueError(f"num_splits must be >= 1, got {num_splits}")
   if block_kv is None:
     block_kv = _DEFAULT_BLOCK_KV[variant]
   if not _common.is_pow2(block_kv) or block_kv < 16:
@@ -479,11 +529,15 @@ def ragged_paged_attention(
   q3 = _common.group_heads(q_pad, num_kv_heads, rows_per_token)
   q3 = q3.transpose(1, 0, 2, 3).reshape(num_kv_heads, -1, head_dim)
 
-  call = _tpu_call if variant == "tpu" else _gpu_call
-  o3 = call(q3, k_pages, v_pages, kv_lens, pages, cu, seq_lo, seq_hi,
-            sm_scale=sm_scale, soft_cap=soft_cap, sliding_window=sliding_window,
-            block_q=block_q, rows_per_token=rows_per_token, block_kv=block_kv,
-            interpret=interpret)
+  common = dict(sm_scale=sm_scale, soft_cap=soft_cap,
+                sliding_window=sliding_window, block_q=block_q,
+                rows_per_token=rows_per_token, block_kv=block_kv,
+                interpret=interpret)
+  args = (q3, k_pages, v_pages, kv_lens, pages, cu, seq_lo, seq_hi)
+  if variant == "tpu":
+    o3 = _tpu_call(*args, **common)
+  else:
+    o3 = _gpu_call(*args, num_splits=num_splits, **common)
   o = o3.reshape(num_kv_heads, padded_tokens, rows_per_token, head_dim)
   o = _common.ungroup_heads(o.transpose(1, 0, 2, 3), num_heads)
   return o[:num_tokens]

@@ -78,7 +78,8 @@ def xla_ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_indices, cu_q_
     def decode_slot_block(b, out):
         lo = b * sb
         kvl = jax.lax.dynamic_slice_in_dim(dec_kv, lo, sb)  # [sb]
-        qb = qf[jax.lax.dynamic_slice_in_dim(dec_rows, lo, sb)].reshape(sb, K, R, H)
+        # Kv heads lead every operand so the batched matmuls need no transposes of the gathered pages.
+        qb = qf[jax.lax.dynamic_slice_in_dim(dec_rows, lo, sb)].reshape(sb, K, R, H).transpose(1, 0, 2, 3)
         table = jax.lax.dynamic_slice_in_dim(pt, lo, sb, axis=0)  # [sb, W']
         n_kv = -(-jnp.max(kvl) // (pb * G))
         lo_pos = jnp.zeros((), jnp.int32) if sliding_window is None else jnp.maximum(
@@ -95,13 +96,13 @@ def xla_ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_indices, cu_q_
             k = k_pages[:, pages].reshape(K, sb, pb * G, H).astype(jnp.float32)
             v = v_pages[:, pages].reshape(K, sb, pb * G, H)
             v = jnp.where(valid[None, :, :, None], v.astype(jnp.float32), 0.0)
-            s = cap(jnp.einsum("skrh,ksch->skrc", qb, k))
-            m, l, acc, p = _online_update(carry, s, valid[:, None, None, :], v)
-            return m, l, acc + jnp.einsum("skrc,ksch->skrh", p, v)
+            s = cap(jnp.einsum("ksrh,ksch->ksrc", qb, k))
+            m, l, acc, p = _online_update(carry, s, valid[None, :, None, :], v)
+            return m, l, acc + jnp.einsum("ksrc,ksch->ksrh", p, v)
 
-        init = (jnp.full((sb, K, R), _NEG), jnp.zeros((sb, K, R)), jnp.zeros((sb, K, R, H)))
+        init = (jnp.full((K, sb, R), _NEG), jnp.zeros((K, sb, R)), jnp.zeros((K, sb, R, H)))
         _, l, acc = jax.lax.fori_loop(first, n_kv, kv_step, init)
-        res = (acc / jnp.maximum(l, 1e-30)[..., None]).reshape(sb, N, H)
+        res = (acc / jnp.maximum(l, 1e-30)[..., None]).transpose(1, 0, 2, 3).reshape(sb, N, H)
         return jax.lax.dynamic_update_slice_in_dim(out, res, lo, 0)
 
     dec_out = jax.lax.fori_loop(0, n_slot_blocks, decode_slot_block, jnp.zeros((dec_kv.shape[0], N, H)))
@@ -126,7 +127,9 @@ def xla_ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_indices, cu_q_
         rows_pf = jax.lax.dynamic_slice_in_dim(row_pf_p, r0, qbk)
         segs = jax.lax.dynamic_slice_in_dim(seg_p, r0, qbk)
         qp = jax.lax.dynamic_slice_in_dim(qpos_p, r0, qbk)
-        qb = jax.lax.dynamic_slice_in_dim(qf_p, r0, qbk).reshape(qbk, K, R, H)
+        # [K, qbk * R, H]: each kv head's query rows form one matrix, so scores are one batched matmul per block.
+        qb = jax.lax.dynamic_slice_in_dim(qf_p, r0, qbk).reshape(qbk, K, R, H).transpose(1, 0, 2, 3).reshape(
+            K, qbk * R, H)
         # The kv span this block can see: from its first prefill sequence's start to its last row's causal limit.
         first_seg = jnp.min(jnp.where(rows_pf, segs, S))
         kv_start = cu_kv[jnp.minimum(first_seg, S)]
@@ -149,13 +152,13 @@ def xla_ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_indices, cu_q_
                      & (pos_c[None, :] <= qp[:, None]))
             if sliding_window is not None:
                 valid &= pos_c[None, :] > qp[:, None] - sliding_window
-            s = cap(jnp.einsum("tkrh,kch->tkrc", qb, k))
-            m, l, acc, p = _online_update(carry, s, valid[:, None, None, :], v)
-            return m, l, acc + jnp.einsum("tkrc,kch->tkrh", p, v)
+            s = cap(jnp.einsum("kqh,kch->kqc", qb, k)).reshape(K, qbk, R, kb)
+            m, l, acc, p = _online_update(carry, s, valid[None, :, None, :], v)
+            return m, l, acc + jnp.einsum("kqc,kch->kqh", p.reshape(K, qbk * R, kb), v).reshape(K, qbk, R, H)
 
-        init = (jnp.full((qbk, K, R), _NEG), jnp.zeros((qbk, K, R)), jnp.zeros((qbk, K, R, H)))
+        init = (jnp.full((K, qbk, R), _NEG), jnp.zeros((K, qbk, R)), jnp.zeros((K, qbk, R, H)))
         _, l, acc = jax.lax.fori_loop(j0, j1, kv_step, init)
-        res = (acc / jnp.maximum(l, 1e-30)[..., None]).reshape(qbk, N, H)
+        res = (acc / jnp.maximum(l, 1e-30)[..., None]).transpose(1, 0, 2, 3).reshape(qbk, N, H)
         return jax.lax.dynamic_update_slice_in_dim(out, res, r0, 0)
 
     pf_out = jax.lax.fori_loop(0, n_row_blocks, prefill_row_block, jnp.zeros((Tp, N, H)))[:T]

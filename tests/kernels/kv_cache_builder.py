@@ -1,0 +1,84 @@
+"""Small paged KV caches for kernel tests, poisoned where kernels must not read.
+
+Every page no live token uses, and every row past a sequence's kv_len in its
+last page, holds NaN; page-table entries past a sequence's used pages hold
+garbage ids (negative, too large, or pages of other sequences). A kernel that
+lets any of that reach an output produces NaN, which the tests catch. Pages
+are placed by a random permutation so that contiguous page ids never hide an
+indexing bug.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+
+
+@dataclasses.dataclass
+class PagedKV:
+  k_pages: jnp.ndarray  # [K, P, G, H]
+  v_pages: jnp.ndarray  # [K, P, G, H]
+  kv_lens: jnp.ndarray  # i32[S]
+  page_indices: jnp.ndarray  # i32[S, pages_per_seq]
+  # Per sequence, the contiguous context as float64 numpy [kv_len, K, H]: the
+  # ground truth the pages were filled from.
+  k_seqs: list[np.ndarray]
+  v_seqs: list[np.ndarray]
+
+
+def build_paged_kv(rng: np.random.Generator, kv_lens, *, num_kv_heads: int,
+                   page_size: int, head_dim: int, pages_per_seq: int, dtype,
+                   spare_pages: int = 3) -> PagedKV:
+  kv_lens = np.asarray(kv_lens, np.int32)
+  assert kv_lens.max(initial=0) <= pages_per_seq * page_size
+  num_seqs = len(kv_lens)
+  num_pages = num_seqs * pages_per_seq + spare_pages
+  shape = (num_kv_heads, num_pages, page_size, head_dim)
+  k_pages = np.full(shape, np.nan, np.float32)
+  v_pages = np.full(shape, np.nan, np.float32)
+  page_indices = rng.integers(-num_pages, 2 * num_pages,
+                              (num_seqs, pages_per_seq)).astype(np.int32)
+  free = list(rng.permutation(num_pages))
+  k_seqs, v_seqs = [], []
+  for s, length in enumerate(kv_lens):
+    # Round through the kernel dtype so the float64 truth matches the pages.
+    k = np.asarray(jnp.asarray(
+        rng.standard_normal((length, num_kv_heads, head_dim)), dtype),
+                   np.float64)
+    v = np.asarray(jnp.asarray(
+        rng.standard_normal((length, num_kv_heads, head_dim)), dtype),
+                   np.float64)
+    k_seqs.append(k)
+    v_seqs.append(v)
+    for j in range(-(-length // page_size)):
+      page = free.pop()
+      page_indices[s, j] = page
+      rows = slice(j * page_size, min((j + 1) * page_size, length))
+      n = rows.stop - rows.start
+      k_pages[:, page, :n] = k[rows].transpose(1, 0, 2)
+      v_pages[:, page, :n] = v[rows].transpose(1, 0, 2)
+  return PagedKV(
+      k_pages=jnp.asarray(k_pages, dtype),
+      v_pages=jnp.asarray(v_pages, dtype),
+      kv_lens=jnp.asarray(kv_lens, jnp.int32),
+      page_indices=jnp.asarray(page_indices, jnp.int32),
+      k_seqs=k_seqs,
+      v_seqs=v_seqs)
+
+
+def ragged_metadata(q_lens, num_seqs: int, max_seqs: int, rng=None):
+  """cu_q_lens i32[max_seqs + 1] and num_seqs i32[1].
+
+  Entries past num_seqs are filled with garbage (decreasing, huge) when rng is
+  given: the contract says they are ignored.
+  """
+  q_lens = np.asarray(q_lens[:num_seqs], np.int64)
+  cu = np.zeros(max_seqs + 1, np.int32)
+  cu[1:num_seqs + 1] = np.cumsum(q_lens)
+  if rng is not None:
+    cu[num_seqs + 1:] = rng.integers(-50, 10_000, max_seqs - num_seqs)
+  else:
+    cu[num_seqs + 1:] = cu[num_seqs]
+  return jnp.asarray(cu), jnp.asarray([num_seqs], jnp.int32)

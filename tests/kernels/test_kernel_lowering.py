@@ -1,0 +1,60 @@
+"""Each compiled (non-interpret) kernel lowers for its real platform, from CPU.
+
+`jit(...).trace(...).lower(lowering_platforms=...)` runs the whole Pallas
+lowering (Pallas -> Mosaic MLIR for TPU, Pallas -> Triton IR for GPU) and the
+MLIR verifier without a device. What it cannot do from a CPU-only jaxlib is
+the device-side compilation: Mosaic's layout passes (libtpu) and Triton's
+PTX/ptxas pipeline (XLA's GPU backend) only run on a TPU / GPU host, so tile
+shape limits those impose are not proven here (see docs/kernels.md).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from kernels_pallas.paged_attention import paged_attention
+from kernels_pallas.ragged_paged_attention import ragged_paged_attention
+
+_S = jax.ShapeDtypeStruct
+# Small but production-shaped: G=16, H=128, GQA 4, bucketed token count.
+K, P, G, H, GQA, SLOTS, PAGES_PER_SEQ, TOKENS = 2, 64, 16, 128, 4, 8, 8, 64
+
+# Where each variant must end up, and the custom call that carries the kernel.
+TARGETS = {"tpu": ("tpu", "tpu_custom_call"),
+           "gpu": ("cuda", "__gpu$xla.gpu.triton")}
+OPTIONS = {
+    "plain": {},
+    "window_softcap": dict(sliding_window=48, soft_cap=30.0),
+}
+
+
+def _decode_args(dtype):
+  kv = _S((K, P, G, H), dtype)
+  return (_S((SLOTS, K * GQA, H), dtype), kv, kv, _S((SLOTS,), jnp.int32),
+          _S((SLOTS, PAGES_PER_SEQ), jnp.int32))
+
+
+def _ragged_args(dtype):
+  kv = _S((K, P, G, H), dtype)
+  return (_S((TOKENS, K * GQA, H), dtype), kv, kv, _S((SLOTS,), jnp.int32),
+          _S((SLOTS, PAGES_PER_SEQ), jnp.int32), _S((SLOTS + 1,), jnp.int32),
+          _S((1,), jnp.int32))
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=str)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32],
+                         ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("variant", TARGETS)
+@pytest.mark.parametrize("op, make_args", [
+    (paged_attention, _decode_args),
+    (ragged_paged_attention, _ragged_args),
+], ids=["decode", "ragged"])
+def test_lowers_for_its_platform(op, make_args, variant, dtype, options):
+  lowering_platform, custom_call = TARGETS[variant]
+  fn = jax.jit(functools.partial(op, platform=variant, **OPTIONS[options]))
+  text = fn.trace(*make_args(dtype)).lower(
+      lowering_platforms=(lowering_platform,)).as_text()
+  # Exactly one launch of the real kernel: no interpreter loop, no fallback.
+  assert text.count(f"custom_call @{custom_call}(") == 1

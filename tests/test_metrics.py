@@ -7,8 +7,6 @@ import pytest
 
 from cbjax.metrics import RequestRecord, StepRecord, percentiles, request_latencies, step_summary, summarize
 
-nan_ok = dict(nan_ok=True)
-
 
 def records():
     """Five requests (times in seconds, chosen to be exact in binary):

@@ -1,0 +1,69 @@
+"""The main job: static vs client-side time windows vs continuous batching, online, on 2 CPU cores.
+
+  python -m experiments.compare_policies --config=configs/compare_cpu.py [--config.engine.max_num_seqs=16 ...]
+
+llama-tiny (random weights, no download); the chat/RAG/code mix scaled down 8x; Poisson arrivals at a rate
+continuous batching keeps up with and static batching does not (about 2 minutes, compiles included).
+"""
+import ml_collections
+from ml_collections import config_dict
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.model = "llama-tiny"  # named model config (cbjax/model/config.py), the same weights for every policy
+    c.policies = ("static", "time_window", "fcfs")  # the rows of the table; --config.policies=fcfs,static
+    c.run_name = "compare_cpu"  # results go to <output_dir>/<run_name>/
+    c.output_dir = "results"  # parent folder of the run folders
+    c.clock = "real"  # real: wall clock, sleeps between arrivals | virtual: simulated time, never sleeps
+    c.step_cost_ms = 0.0  # virtual clock: fixed cost of every step; 0: each step's measured wall time
+
+    # Engine options: cbjax.engine.EngineConfig's fields. `policy` is not here: each entry of `policies` sets it.
+    e = c.engine = ml_collections.ConfigDict()
+    e.max_num_seqs = 32  # slots per step (also the static batch size)
+    e.max_num_batched_tokens = 256  # token budget per step; the largest token bucket
+    e.page_size = 16  # tokens per KV page
+    e.num_pages = 1024  # KV pages in the pool (None: from kv_cache_memory_gib)
+    e.kv_cache_memory_gib = 1.0  # KV budget when num_pages is None
+    e.max_model_len = 1024  # prompt + output tokens of one request; the workload is clipped to it
+    e.dtype = "float32"  # parameters and activations: float32 | bfloat16
+    e.seed = 0  # model init and per-request sampling seeds
+    e.attention_backend = "auto"  # auto | pallas | reference (auto: XLA reference on CPU)
+    e.pallas_interpret = False  # Pallas kernels in interpret mode (CPU debugging only: slow)
+    e.enable_chunked_prefill = True  # split long prompts over steps under the token budget
+    e.watermark = 0.01  # fraction of pages kept free at admission so running sequences can grow
+    e.static_batch_timeout_s = 0.5  # static: start a batch when full or when its oldest request waited this long
+    e.warmup = True  # compile every token bucket before the run, so no compile is timed
+
+    # Client-side batching for the `time_window` entry (its engine runs policy static with timeout 0).
+    tw = c.time_window = ml_collections.ConfigDict()
+    tw.window_ms = 500.0  # hold arrivals this long after the first one held ...
+    tw.max_batch = 32  # ... or until this many are held; then submit them together
+
+    # Workload: the fields of cbjax.workload.make_workload.
+    w = c.workload = ml_collections.ConfigDict()
+    w.kind = "mixed"  # synthetic | mixed (chat/RAG/code) | shared_prefix | jsonl | sharegpt | peers_json
+    w.num_requests = 300  # requests (for files: the first N; None: all)
+    w.seed = 0  # the same requests for every policy
+    w.arrival = "poisson"  # offline (all at t=0) | poisson | gamma | trace
+    w.request_rate = 20.0  # requests per second (poisson, gamma): ~3/4 of what fcfs sustains here, more than static
+    w.burstiness = 1.0  # gamma shape: < 1 burstier, 1 = poisson
+    w.scale = 0.125  # multiplies every generated length (the mix is sized for a GPU)
+    w.vocab_size = config_dict.placeholder(int)  # token ids below this; None: the model's vocabulary
+    w.low_id = 3  # smallest generated token id (0..2 are pad/bos/eos)
+    w.prompt_len = config_dict.placeholder(int)  # synthetic/shared_prefix: prompt tokens (an int = fixed)
+    w.output_len = config_dict.placeholder(int)  # synthetic/shared_prefix: max_tokens (an int = fixed)
+    w.num_prefixes = config_dict.placeholder(int)  # shared_prefix: distinct system prompts
+    w.prefix_len = config_dict.placeholder(int)  # shared_prefix: tokens per system prompt
+    w.tenant_per_prefix = False  # shared_prefix: one tenant per system prompt
+    w.path = config_dict.placeholder(str)  # workload file (jsonl, sharegpt, peers_json) or arrival trace
+    w.max_model_len = config_dict.placeholder(int)  # clip prompt + output to this; None: engine.max_model_len
+    w.long_threshold = 1024  # unlabelled requests are "long" above this many prompt + output tokens
+    w.deadline_s = config_dict.placeholder(float)  # optional per-request deadline after arrival
+
+    # SLOs for goodput (requests meeting every bound per second); None: not checked.
+    s = c.slo = ml_collections.ConfigDict()
+    s.ttft_ms = 2000.0  # time to first token, queueing included
+    s.tpot_ms = 100.0  # time per output token after the first
+    s.e2e_ms = config_dict.placeholder(float)  # end to end
+    return c

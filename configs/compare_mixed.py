@@ -1,0 +1,29 @@
+"""The long/short stress test: the chat/RAG/code mix offline, static vs continuous batching; measures the
+continuous/static output-throughput ratio. About 3-4 minutes on 2 CPU cores (compiles included).
+
+  python -m experiments.compare_policies --config=configs/compare_mixed.py
+
+Offline (every request at t=0) so throughput is the engine's, not the arrival rate's. Every field not set here is
+compare_cpu.py's (see the comments there).
+"""
+import importlib.util
+import os
+
+
+def _base():
+    # Config files are loaded by path, not as a package: load the sibling by path too.
+    spec = importlib.util.spec_from_file_location("compare_cpu", os.path.join(os.path.dirname(__file__), "compare_cpu.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def get_config():
+    c = _base()
+    c.run_name = "compare_mixed"  # results/compare_mixed/
+    c.policies = ("static", "fcfs")  # time_window equals static when everything arrives at once
+    c.engine.static_batch_timeout_s = 0.0  # offline: a static batch starts with whatever waits (max_num_seqs)
+    c.workload.arrival = "offline"  # all requests at t=0
+    c.workload.num_requests = 480  # 15 static batches of 32; enough that the final drain is a small part
+    c.workload.scale = 0.125  # chat ~32/16, RAG ~256/16, code ~64/128 prompt/output tokens (medians)
+    return c

@@ -1,0 +1,202 @@
+"""The main job: the same workload through each scheduling policy on the same model; one table, one results folder.
+
+  python -m experiments.compare_policies --config=configs/compare_cpu.py [--config.engine.max_num_seqs=16 ...]
+
+Each entry of `config.policies` ("static", "time_window", "fcfs"; see cbjax.online.plan_policy) gets its own engine,
+warmed up before its run so no compile is timed (engines of the same shapes share jax's compile cache, so only the
+first one compiles). Requests arrive by the workload's clock and join the engine as they arrive (cbjax.online).
+Prints one row per policy and the continuous/static output-throughput ratio, and writes results/<run_name>/:
+config.json, manifest.json, summary.json, summary.csv, requests.jsonl, steps.jsonl and PNG plots (cbjax/results.py,
+cbjax/plots.py). Ctrl-C stops the run and writes what was measured so far. How to read it: docs/experiments.md.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import math
+import os
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from absl import app, logging
+from ml_collections import config_flags
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", os.path.join(_ROOT, "configs", "compare_cpu.py"),
+    "experiment config file; override any field with --config.<field>=<value>")
+
+# (header, summary key, format): the table's columns. Latencies in ms; rates per second.
+COLUMNS = (
+    ("req/s", "request_throughput", "{:.2f}"),
+    ("out tok/s", "output_throughput", "{:.1f}"),
+    ("TTFT p50", "ttft_ms_p50", "{:.0f}"),
+    ("TTFT p99", "ttft_ms_p99", "{:.0f}"),
+    ("TPOT p50", "tpot_ms_p50", "{:.1f}"),
+    ("TPOT p99", "tpot_ms_p99", "{:.1f}"),
+    ("E2E p99", "e2e_ms_p99", "{:.0f}"),
+    ("goodput", "goodput", "{:.2f}"),
+    ("slots", "slot_occupancy_mean", "{:.0%}"),
+    ("preempt", "request_preemptions", "{:d}"),
+    ("long done", "long_completion_rate", "{:.0%}"),
+)
+
+
+def resolve_config(cfg):
+    """Fill what the config leaves to the run (vocabulary, clipping length) and check the policy list.
+
+    `policies` may hold comma-separated entries (`--config.policies=fcfs,static` arrives as one string)."""
+    from cbjax.model.config import get_model_config
+    from cbjax.online import plan_policy
+
+    cfg = cfg.copy_and_resolve_references()
+    names = [p.strip() for entry in cfg.policies for p in str(entry).split(",") if p.strip()]
+    if not names:
+        raise ValueError("config.policies is empty")
+    if len(set(names)) != len(names):
+        raise ValueError(f"config.policies lists a policy twice: {names}")
+    for name in names:
+        plan_policy(name)  # an unknown name fails here, before any compile
+    cfg.policies = tuple(names)
+    if cfg.clock not in ("real", "virtual"):
+        raise ValueError(f"config.clock must be 'real' or 'virtual', got {cfg.clock!r}")
+    if cfg.step_cost_ms < 0 or (cfg.step_cost_ms > 0 and cfg.clock != "virtual"):
+        raise ValueError(f"config.step_cost_ms={cfg.step_cost_ms} needs config.clock='virtual' (0 with a real clock)")
+    if cfg.workload.vocab_size is None:
+        cfg.workload.vocab_size = get_model_config(cfg.model).vocab_size
+    if cfg.workload.max_model_len is None and cfg.engine.max_model_len is not None:
+        cfg.workload.max_model_len = cfg.engine.max_model_len
+    return cfg
+
+
+@dataclasses.dataclass
+class Comparison:
+    results: dict[str, Any]  # policy -> cbjax.online.OnlineResult
+    engines: dict[str, dict[str, Any]]  # policy -> engine config, bucket table, warmup time (for the manifest)
+    num_requests: int
+    interrupted: bool = False
+
+
+def run_comparison(cfg, *, progress: bool = True, on_step: Callable | None = None) -> Comparison:
+    """Run every policy of the (resolved) config on the same workload. Ctrl-C ends it early with what was measured.
+
+    `on_step(policy, Progress)` is called after every engine step (tests use it to inject an interrupt)."""
+    from tqdm import tqdm
+
+    from cbjax.core.clock import RealClock, VirtualClock
+    from cbjax.engine import LLMEngine
+    from cbjax.online import plan_policy, run_online
+    from cbjax.workload import make_workload
+
+    workload = make_workload(cfg.workload)
+    comp = Comparison({}, {}, len(workload))
+    step_cost_s = cfg.step_cost_ms / 1e3 if cfg.step_cost_ms > 0 else None  # None: measured
+    try:
+        for name in cfg.policies:
+            plan = plan_policy(name, static_batch_timeout_s=cfg.engine.static_batch_timeout_s,
+                               window_ms=cfg.time_window.window_ms, max_batch=cfg.time_window.max_batch)
+            options = {**cfg.engine.to_dict(), **plan.engine_options}
+            clock = VirtualClock() if cfg.clock == "virtual" else RealClock()
+            logging.info("%s: engine policy=%s static_batch_timeout_s=%s, client=%s", name, options["policy"],
+                         options["static_batch_timeout_s"], plan.client)
+            engine = LLMEngine(cfg.model, clock=clock, **options)
+            comp.engines[name] = {
+                "config": dataclasses.asdict(engine.config), "buckets": dataclasses.asdict(engine.buckets),
+                "client": None if plan.client is None else dataclasses.asdict(plan.client),
+                "warmup_s": engine.warmup_s, "compiles_at_warmup": engine.num_compiles}
+            bar = tqdm(total=len(workload), desc=f"{name:>11}", unit="req", disable=not progress, file=sys.stderr)
+
+            def step_done(p, name=name, bar=bar):
+                bar.update(p.num_finished - bar.n)
+                if on_step is not None:
+                    on_step(name, p)
+
+            result = run_online(engine, workload, client=plan.client, step_cost_s=step_cost_s, on_step=step_done)
+            bar.close()
+            comp.results[name] = result
+            del engine  # free its KV cache before the next policy's engine is built
+            if result.interrupted:
+                comp.interrupted = True
+                break
+    except KeyboardInterrupt:  # while an engine was being built: keep the policies already measured
+        comp.interrupted = True
+    return comp
+
+
+def summaries_of(cfg, comp: Comparison) -> dict[str, dict[str, Any]]:
+    """cbjax.metrics.summarize per policy, plus run facts and each policy's output throughput over static's."""
+    from cbjax.metrics import summarize
+
+    slo = {k: v for k, v in cfg.slo.to_dict().items() if v is not None}
+    out = {}
+    for name, res in comp.results.items():
+        s = summarize(res.requests, res.steps, slo=slo)
+        s.update(interrupted=res.interrupted, num_not_arrived=res.num_not_arrived, wall_s=res.wall_s,
+                 warmup_s=comp.engines[name]["warmup_s"])
+        out[name] = s
+    base = out.get("static", {}).get("output_throughput", math.nan)
+    for s in out.values():
+        s["output_throughput_vs_static"] = s["output_throughput"] / base if base and base > 0 else math.nan
+    return out
+
+
+def _cell(value, fmt: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return fmt.format(int(value) if fmt == "{:d}" else value)
+
+
+def format_table(summaries: Mapping[str, Mapping[str, Any]]) -> str:
+    """One row per policy, the COLUMNS above, aligned."""
+    header = ["policy", *(h for h, _, _ in COLUMNS)]
+    rows = [[name, *(_cell(s.get(key), fmt) for _, key, fmt in COLUMNS)] for name, s in summaries.items()]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in [header, *rows]]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def ratio_line(summaries: Mapping[str, Mapping[str, Any]]) -> str | None:
+    if "fcfs" not in summaries or "static" not in summaries:
+        return None
+    r = summaries["fcfs"]["output_throughput_vs_static"]
+    return f"continuous (fcfs) / static output throughput: {r:.2f}x"
+
+
+def write_results(comp: Comparison, summaries, folder: str, start_time: datetime.datetime) -> list[str]:
+    """manifest.json, summary.json/csv, requests.jsonl, steps.jsonl and the plots into `folder`."""
+    from cbjax import plots, results
+
+    results.write_json(os.path.join(folder, "manifest.json"), results.manifest(
+        start_time=start_time, engines=comp.engines,
+        extra={"interrupted": comp.interrupted, "num_requests": comp.num_requests,
+               "policies_run": list(comp.results)}))
+    results.write_summary(folder, summaries)
+    results.write_records(folder, comp.results)
+    return plots.plot_all(folder, summaries, comp.results) if comp.results else []
+
+
+def main(argv):
+    del argv
+    from cbjax import results
+
+    start_time = datetime.datetime.now().astimezone()
+    cfg = resolve_config(_CONFIG.value)
+    folder = results.run_dir(cfg.output_dir, cfg.run_name)
+    results.write_config(os.path.join(folder, "config.json"), cfg)
+    comp = run_comparison(cfg)
+    summaries = summaries_of(cfg, comp)
+    write_results(comp, summaries, folder, start_time)
+    print()
+    print(format_table(summaries))
+    if (line := ratio_line(summaries)) is not None:
+        print(line)
+    if comp.interrupted:
+        print(f"interrupted: {len(comp.results)} of {len(cfg.policies)} policies measured (the last one partly)")
+    print(f"results: {folder}")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,133 @@
+"""The policy comparison end to end (a subprocess on configs/compare_tiny.py) and its Ctrl-C path (in process)."""
+import datetime
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+from absl import flags
+from ml_collections import config_flags
+
+from experiments import compare_policies as cp
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "configs", "compare_tiny.py")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+FILES = ("config.json", "manifest.json", "summary.json", "summary.csv", "requests.jsonl", "steps.jsonl",
+         "throughput.png", "latency_cdf.png", "utilisation.png")
+POLICIES = ("static", "time_window", "fcfs")
+
+
+def parse(argv):
+    """The config flag parsed on a private FlagValues, as the absl app would parse it."""
+    fv = flags.FlagValues()
+    argv = ["prog", *argv]
+    # config_flags defines the --config.<field> flags from the argv it is given, before parsing it.
+    holder = config_flags.DEFINE_config_file("config", os.path.join(ROOT, "configs", "compare_cpu.py"),
+                                             flag_values=fv, sys_argv=argv)
+    fv(argv)
+    return holder.value
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def check_pngs(folder):
+    for name in ("throughput.png", "latency_cdf.png", "utilisation.png"):
+        with open(os.path.join(folder, name), "rb") as f:
+            data = f.read()
+        assert len(data) > 1000 and data.startswith(PNG_SIGNATURE), name
+
+
+def test_end_to_end_in_a_subprocess(tmp_path):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    # max_num_seqs=3 differs from the file's 4: the override must reach the engines, not just config.json.
+    cmd = [sys.executable, "-m", "experiments.compare_policies", f"--config={TINY}",
+           f"--config.output_dir={tmp_path}", "--config.run_name=e2e", "--config.engine.max_num_seqs=3"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folder = tmp_path / "e2e"
+    for name in FILES:
+        assert (folder / name).is_file() and (folder / name).stat().st_size > 0, name
+    check_pngs(folder)
+
+    config = json.loads((folder / "config.json").read_text())
+    assert config["engine"]["max_num_seqs"] == 3 and config["model"] == "test-tiny"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert set(manifest["engines"]) == set(POLICIES)
+    assert all(e["config"]["max_num_seqs"] == 3 for e in manifest["engines"].values())
+    assert manifest["engines"]["time_window"]["config"]["policy"] == "static"
+    assert manifest["engines"]["time_window"]["client"] == {"window_s": 0.05, "max_batch": 4}
+    assert manifest["device"]["count"] >= 1 and manifest["versions"]["jax"]
+    assert manifest["command_line"][1:] == cmd[3:] and manifest["interrupted"] is False
+
+    summary = json.loads((folder / "summary.json").read_text())
+    assert [s["policy"] for s in summary] == list(POLICIES)
+    for s in summary:
+        assert s["num_requests"] == 12 and s["num_completed"] == 12 and s["output_throughput"] > 0
+        assert s["compiles_after_first_step"] == 0  # warmup compiled every bucket
+    by_policy = {s["policy"]: s for s in summary}
+    ratio = by_policy["fcfs"]["output_throughput"] / by_policy["static"]["output_throughput"]
+    assert by_policy["fcfs"]["output_throughput_vs_static"] == pytest.approx(ratio)
+    assert f"output throughput: {ratio:.2f}x" in proc.stdout
+    csv_lines = (folder / "summary.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("policy,") and len(csv_lines) == 4
+
+    requests = read_jsonl(folder / "requests.jsonl")
+    steps = read_jsonl(folder / "steps.jsonl")
+    for policy in POLICIES:
+        mine = [r for r in requests if r["policy"] == policy]
+        assert len(mine) == 12 and all(r["first_scheduled_time"] >= r["arrival_time"] for r in mine)
+        assert {s["max_num_seqs"] for s in steps if s["policy"] == policy} == {3}
+        assert max(s["num_scheduled_seqs"] for s in steps if s["policy"] == policy) <= 3
+
+    for policy in POLICIES:
+        assert any(line.startswith(policy) for line in proc.stdout.splitlines()), proc.stdout
+
+
+def test_ctrl_c_writes_what_was_measured(tmp_path):
+    argv = [f"--config={TINY}", f"--config.output_dir={tmp_path}", "--config.run_name=cut"]
+    cfg = cp.resolve_config(parse(argv))
+
+    def interrupt(policy, progress):
+        if policy == "time_window" and progress.num_steps == 5:
+            raise KeyboardInterrupt
+
+    comp = cp.run_comparison(cfg, progress=False, on_step=interrupt)
+    assert comp.interrupted and list(comp.results) == ["static", "time_window"]  # fcfs never started
+    assert not comp.results["static"].interrupted and comp.results["time_window"].interrupted
+    summaries = cp.summaries_of(cfg, comp)
+    folder = tmp_path / "cut"
+    folder.mkdir()
+    cp.write_results(comp, summaries, str(folder), datetime.datetime.now())
+    for name in FILES[1:]:
+        assert (folder / name).is_file(), name
+    check_pngs(folder)
+    cut = summaries["time_window"]
+    assert cut["interrupted"] and cut["num_completed"] < 12 and len(comp.results["time_window"].steps) == 5
+    assert summaries["static"]["num_completed"] == 12
+    assert "fcfs" not in cp.format_table(summaries) and cp.ratio_line(summaries) is None
+
+
+def test_table_shows_missing_values_as_dashes():
+    nan = math.nan
+    row = {key: nan for _, key, _ in cp.COLUMNS}
+    row.update(request_throughput=2.0, output_throughput=50.0, request_preemptions=3, slot_occupancy_mean=0.5)
+    table = cp.format_table({"static": row, "fcfs": {**row, "output_throughput": 125.0}})
+    lines = table.splitlines()
+    assert lines[0].split()[0] == "policy" and len(lines) == 4
+    assert lines[2].split()[:3] == ["static", "2.00", "50.0"] and "50%" in lines[2] and "-" in lines[2].split()
+    assert lines[3].split()[2] == "125.0"
+
+
+@pytest.mark.parametrize("bad", [dict(clock="sundial"), dict(step_cost_ms=5.0)])
+def test_resolve_config_checks_the_clock(bad):
+    cfg = parse([])  # compare_cpu: real clock
+    for k, v in bad.items():
+        setattr(cfg, k, v)
+    with pytest.raises(ValueError, match="clock"):
+        cp.resolve_config(cfg)

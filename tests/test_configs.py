@@ -1,0 +1,81 @@
+"""Experiment configs: each loads, names only real engine/workload/SLO fields, and command-line overrides apply.
+
+No engine is built here (no jax compile): the end-to-end run with an override is in test_compare_policies.py.
+"""
+import dataclasses
+import glob
+import os
+
+import pytest
+from absl import flags
+from ml_collections import config_flags
+
+from cbjax.engine import EngineConfig
+from cbjax.metrics import SLO_KEYS
+from cbjax.model.config import get_model_config
+from cbjax.online import POLICY_NAMES
+from cbjax.workload import make_workload
+from experiments.compare_policies import resolve_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "compare_*.py")))  # the comparison family
+ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
+
+
+def parse(argv):
+    """Parse `argv` with a config flag on a private FlagValues, as the absl app would."""
+    fv = flags.FlagValues()
+    argv = ["prog", *argv]
+    # config_flags defines the --config.<field> flags from the argv it is given, before parsing it.
+    holder = config_flags.DEFINE_config_file("config", os.path.join(ROOT, "configs", "compare_cpu.py"),
+                                             flag_values=fv, sys_argv=argv)
+    fv(argv)
+    return holder.value
+
+
+def test_the_expected_configs_exist():
+    names = {os.path.basename(p) for p in CONFIGS}
+    assert {"compare_cpu.py", "compare_mixed.py", "compare_tiny.py"} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
+def test_config_fields_are_real(path):
+    cfg = resolve_config(parse([f"--config={path}"]))
+    assert set(cfg.engine) <= ENGINE_FIELDS - {"policy"}  # each policy entry sets the engine's policy
+    EngineConfig(policy="fcfs", **cfg.engine)  # every value is acceptable to the engine's config
+    assert set(cfg.policies) <= set(POLICY_NAMES) and cfg.policies
+    assert set(cfg.slo) == set(SLO_KEYS)
+    assert set(cfg.time_window) == {"window_ms", "max_batch"}
+    get_model_config(cfg.model)
+    wl = make_workload(cfg.workload)  # make_workload rejects unknown fields, so this checks the names too
+    assert len(wl) == cfg.workload.num_requests
+    assert max(r.prompt_len + r.max_tokens for r in wl) <= cfg.engine.max_model_len
+    assert max(max(r.prompt_token_ids) for r in wl) < get_model_config(cfg.model).vocab_size
+
+
+def test_command_line_overrides_take_effect():
+    cfg = parse([f"--config={ROOT}/configs/compare_cpu.py", "--config.engine.max_num_seqs=7",
+                 "--config.workload.request_rate=3.5", "--config.slo.e2e_ms=5000",
+                 "--config.policies=fcfs,static", "--config.run_name=x"])
+    assert cfg.engine.max_num_seqs == 7 and cfg.workload.request_rate == 3.5 and cfg.slo.e2e_ms == 5000.0
+    assert cfg.run_name == "x"
+    assert resolve_config(cfg).policies == ("fcfs", "static")  # a comma-separated entry is split
+
+
+def test_a_misspelt_override_is_an_error():
+    with pytest.raises(AttributeError, match='Did you mean "max_num_seqs"'):
+        parse(["--config.engine.max_num_seq=7"])
+
+
+def test_resolve_config_rejects_bad_policy_lists():
+    with pytest.raises(ValueError, match="unknown policy"):
+        resolve_config(parse(["--config.policies=fcfs,sjf"]))
+    with pytest.raises(ValueError, match="twice"):
+        resolve_config(parse(["--config.policies=fcfs,fcfs"]))
+
+
+def test_derived_configs_inherit_the_main_one():
+    base = parse([])
+    mixed = parse([f"--config={os.path.join(ROOT, 'configs', 'compare_mixed.py')}"])
+    assert mixed.workload.arrival == "offline" and mixed.policies == ("static", "fcfs")
+    assert mixed.engine.max_num_batched_tokens == base.engine.max_num_batched_tokens

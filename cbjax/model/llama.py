@@ -40,8 +40,11 @@ class RMSNorm(nnx.Module):
 
 def _linear(cfg: ModelConfig, din: int, dout: int, rngs: nnx.Rngs, bias: bool = False) -> nnx.Linear:
     dt = jnp.dtype(cfg.dtype)
+    # Accumulate in float32 whatever the weights: on CPUs with AVX512-BF16 a bf16 x bf16 -> f32 matmul runs ~2x
+    # faster than f32 (half the weight bytes), while bf16 -> bf16 falls off the fast path.
     return nnx.Linear(din, dout, use_bias=bias, dtype=dt, param_dtype=dt, rngs=rngs,
-                      kernel_init=nnx.initializers.normal(cfg.initializer_range))
+                      kernel_init=nnx.initializers.normal(cfg.initializer_range),
+                      preferred_element_type=jnp.float32)
 
 
 class Attention(nnx.Module):

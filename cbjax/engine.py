@@ -15,7 +15,10 @@ from cbjax.core.request import Request
 from cbjax.core.sampling_params import SamplingParams
 from cbjax.core.scheduler import Scheduler, SchedulerConfig
 from cbjax.model.config import ModelConfig, get_model_config
+from cbjax.model.hf_loader import load_hf_model
 from cbjax.model.llama import Llama, init_model, kv_cache_bytes_per_page
+from cbjax.model.registry import resolve_checkpoint
+from cbjax.model.tokenizer import Tokenizer
 from cbjax.runner.model_runner import ModelRunner
 from cbjax.runner.step_input import BucketTable
 from kernels_pallas.dispatch import resolve_backend
@@ -43,17 +46,20 @@ class EngineConfig:
 class LLMEngine:
     """Serve many requests at once with iteration-level scheduling over a paged KV cache.
 
-    `model` is a named config ("llama-tiny", "llama-small", "test-tiny"), a ModelConfig, or a Llama instance.
+    `model` is a named config ("llama-tiny", "llama-small", "test-tiny"), a ModelConfig, a Llama instance, a Hugging
+    Face checkpoint directory (config.json + safetensors [+ tokenizer.json]), a packaged model's name ("tinypy",
+    "tinypy-draft"), or None for the packaged default. With a tokenizer, prompts may be text (`self.tokenizer`).
     Engine options are EngineConfig's fields as keywords.
     """
 
-    def __init__(self, model: "str | ModelConfig | Llama" = "llama-tiny", *, clock: Clock | None = None, **options):
+    def __init__(self, model: "str | ModelConfig | Llama | None" = "llama-tiny", *, clock: Clock | None = None,
+                 **options):
         unknown = set(options) - {f.name for f in dataclasses.fields(EngineConfig)}
         if unknown:
             raise ValueError(f"unknown engine options: {sorted(unknown)}")
         cfg = EngineConfig(**options)
         self.clock = clock or RealClock()
-        self.model = self._load_model(model, cfg)
+        self.model, self.tokenizer = self._load_model(model, cfg)
         mcfg = self.model.cfg
         self.model_config = mcfg
         max_model_len = cfg.max_model_len or mcfg.max_position_embeddings
@@ -77,18 +83,22 @@ class LLMEngine:
         self.step_records: list[dict] = []
 
     @staticmethod
-    def _load_model(model, cfg: EngineConfig) -> Llama:
+    def _load_model(model, cfg: EngineConfig) -> "tuple[Llama, Tokenizer | None]":
         if isinstance(model, Llama):
-            return model
+            return model, None
+        checkpoint = resolve_checkpoint(model)
+        if checkpoint is not None:
+            path, default_dtype = checkpoint
+            return load_hf_model(path, cfg.dtype or default_dtype), Tokenizer.from_dir(path)
         mcfg = get_model_config(model) if isinstance(model, str) else model
         if not isinstance(mcfg, ModelConfig):
             raise ValueError(f"model must be a name, a ModelConfig or a Llama, got {type(model).__name__}")
         if cfg.dtype is not None:
             mcfg = mcfg.replace(dtype=cfg.dtype)
-        return init_model(mcfg, cfg.seed)
+        return init_model(mcfg, cfg.seed), None
 
     # ---- requests ---------------------------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt: Sequence[int], params: SamplingParams | None = None,
+    def add_request(self, request_id: str, prompt: "str | Sequence[int]", params: SamplingParams | None = None,
                     arrival_time: float | None = None, *, priority: int = 0, tenant: str = "default") -> None:
         """Queue a request. Raises ValueError (naming the problem) for bad input; nothing else is affected."""
         params = params if params is not None else SamplingParams()
@@ -99,6 +109,9 @@ class LLMEngine:
         tokens = self._validate_prompt(request_id, prompt)
         total = len(tokens) + params.max_tokens
         mcfg, cfg = self.model_config, self.config
+        if mcfg.extra_eos_token_ids and not params.ignore_eos:
+            # The scheduler stops on one eos id; the checkpoint's other eos ids become stop tokens (same reason).
+            params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + mcfg.extra_eos_token_ids)
         if len(tokens) > cfg.max_model_len:
             raise ValueError(f"request {request_id!r}: prompt of {len(tokens)} tokens is longer than "
                              f"max_model_len={cfg.max_model_len}")
@@ -117,8 +130,10 @@ class LLMEngine:
 
     def _validate_prompt(self, request_id: str, prompt) -> list[int]:
         if isinstance(prompt, str):
-            raise ValueError(f"request {request_id!r}: text prompts need a tokenizer; this model has none, "
-                             "pass token ids")
+            if self.tokenizer is None:
+                raise ValueError(f"request {request_id!r}: text prompts need a tokenizer; this model has none, "
+                                 "pass token ids")
+            prompt = self.tokenizer.encode(prompt)
         try:
             tokens = [int(t) for t in prompt]
         except (TypeError, ValueError):

@@ -7,9 +7,12 @@ from cbjax.engine import LLMEngine
 
 
 class LLM:
-    """Offline batch generation on one engine. Options are LLMEngine's keywords (policy, max_num_seqs, ...)."""
+    """Offline batch generation on one engine. Options are LLMEngine's keywords (policy, max_num_seqs, ...).
 
-    def __init__(self, model="llama-tiny", **engine_options):
+    `model` is anything LLMEngine takes; None (the default) is the packaged model (cbjax/assets, nothing downloaded).
+    """
+
+    def __init__(self, model=None, **engine_options):
         self.engine = LLMEngine(model, **engine_options)
         self._counter = 0
 
@@ -20,13 +23,18 @@ class LLM:
         llm.engine, llm._counter = engine, 0
         return llm
 
-    def generate(self, prompts: Sequence[Sequence[int]], sampling_params: SamplingParams | Sequence[SamplingParams]
-                 | None = None, use_tqdm: bool = False) -> list[RequestOutput]:
+    def generate(self, prompts: "str | Sequence[str | Sequence[int]]", sampling_params: SamplingParams
+                 | Sequence[SamplingParams] | None = None, use_tqdm: bool = False) -> list[RequestOutput]:
         """Generate for every prompt; returns one RequestOutput per prompt, in order.
+
+        Prompts are token-id lists, or text when the model has a tokenizer; then each output's `.text` is its
+        decoded completion and `.prompt` the prompt text.
 
         A prompt the engine refuses (empty, out-of-vocabulary ids, too long, ...) does not stop the others: its
         output is finished with finish_reason "abort" and `.error` holding the reason.
         """
+        if isinstance(prompts, str):
+            prompts = [prompts]
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(prompts)
         else:
@@ -60,4 +68,12 @@ class LLM:
                         bar.update(1)
         if bar is not None:
             bar.close()
+        tok = getattr(engine, "tokenizer", None)
+        for prompt, rid in zip(prompts, order):
+            out = results[rid]
+            if isinstance(prompt, str):
+                out.prompt = prompt
+            if tok is not None:
+                for c in out.outputs:
+                    c.text = tok.decode(c.token_ids)
         return [results[rid] for rid in order]

@@ -23,6 +23,8 @@ class ModelConfig:
     initializer_range: float = 0.02  # std of the random init
     bos_token_id: int | None = 1
     eos_token_id: int | None = 2
+    # More ids that end a sequence (HF checkpoints may list several eos ids, e.g. Llama-3 instruct); stop on any.
+    extra_eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
     dtype: str = "float32"  # parameters and activations; softmax and norms always run in float32
 

@@ -37,3 +37,20 @@ def greedy_reference(model, prompts, max_tokens, width: int) -> list[list[int]]:
                 toks[i, lens[i]] = nxt[i]
                 lens[i] += 1
     return outs
+
+
+def parse_config(argv, config_file: str = "configs/compare_cpu.py"):
+    """Parse `argv` with a --config flag on a private FlagValues, as the absl apps do."""
+    import os
+
+    from absl import flags
+    from ml_collections import config_flags
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    fv = flags.FlagValues()
+    argv = ["prog", *argv]
+    # config_flags defines the --config.<field> flags from the argv it is given, before parsing it.
+    holder = config_flags.DEFINE_config_file("config", os.path.join(root, config_file), flag_values=fv,
+                                             sys_argv=argv)
+    fv(argv)
+    return holder.value

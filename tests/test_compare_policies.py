@@ -7,10 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from absl import flags
-from ml_collections import config_flags
 
 from experiments import compare_policies as cp
+from helpers import parse_config as parse
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "compare_tiny.py")
@@ -18,17 +17,6 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FILES = ("config.json", "manifest.json", "summary.json", "summary.csv", "requests.jsonl", "steps.jsonl",
          "throughput.png", "latency_cdf.png", "utilisation.png")
 POLICIES = ("static", "time_window", "fcfs")
-
-
-def parse(argv):
-    """The config flag parsed on a private FlagValues, as the absl app would parse it."""
-    fv = flags.FlagValues()
-    argv = ["prog", *argv]
-    # config_flags defines the --config.<field> flags from the argv it is given, before parsing it.
-    holder = config_flags.DEFINE_config_file("config", os.path.join(ROOT, "configs", "compare_cpu.py"),
-                                             flag_values=fv, sys_argv=argv)
-    fv(argv)
-    return holder.value
 
 
 def read_jsonl(path):

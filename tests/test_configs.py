@@ -7,8 +7,6 @@ import glob
 import os
 
 import pytest
-from absl import flags
-from ml_collections import config_flags
 
 from cbjax.engine import EngineConfig
 from cbjax.metrics import SLO_KEYS
@@ -16,21 +14,11 @@ from cbjax.model.config import get_model_config
 from cbjax.online import POLICY_NAMES
 from cbjax.workload import make_workload
 from experiments.compare_policies import resolve_config
+from helpers import parse_config as parse
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "compare_*.py")))  # the comparison family
 ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
-
-
-def parse(argv):
-    """Parse `argv` with a config flag on a private FlagValues, as the absl app would."""
-    fv = flags.FlagValues()
-    argv = ["prog", *argv]
-    # config_flags defines the --config.<field> flags from the argv it is given, before parsing it.
-    holder = config_flags.DEFINE_config_file("config", os.path.join(ROOT, "configs", "compare_cpu.py"),
-                                             flag_values=fv, sys_argv=argv)
-    fv(argv)
-    return holder.value
 
 
 def test_the_expected_configs_exist():

@@ -93,8 +93,6 @@ def test_stream_deltas_concatenate_to_the_final_output(engine):
         if out.finished:
             final[out.request_id] = out.outputs[0].token_ids
     assert pieces == final and len(final) == 6
-    m = [o for o in final]  # every request reported metrics with one time per token
-    assert len(m) == 6
 
 
 def test_metrics_timestamps_are_ordered(engine):

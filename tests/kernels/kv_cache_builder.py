@@ -14,6 +14,19 @@ import dataclasses
 
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental.pallas import tpu as pltpu
+
+
+# Shared by the kernel test files.
+NUM_KV_HEADS = 2
+PAGES_PER_SEQ = 4
+TOLERANCE = {jnp.float32: 2e-5, jnp.bfloat16: 2e-2}
+# The TPU variant runs under the TPU interpreter: it performs DMAs as late and
+# as out of order as their semaphores allow, fills scratch with NaN, and raises
+# on out-of-bounds reads; the generic interpreter (the only one for the GPU
+# variant) copies at once and clamps indices, so it would hide such bugs.
+INTERPRET = {"tpu": pltpu.InterpretParams(out_of_bounds_reads="raise"),
+             "gpu": True}
 
 
 @dataclasses.dataclass

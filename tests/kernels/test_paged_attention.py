@@ -19,17 +19,9 @@ from jax.experimental.pallas import tpu as pltpu
 
 from kernels_pallas.paged_attention import (paged_attention,
                                             reference_paged_attention)
-from kv_cache_builder import build_paged_kv
+from kv_cache_builder import (INTERPRET, NUM_KV_HEADS, PAGES_PER_SEQ,
+                              TOLERANCE, build_paged_kv)
 
-NUM_KV_HEADS = 2
-PAGES_PER_SEQ = 4
-TOLERANCE = {jnp.float32: 2e-5, jnp.bfloat16: 2e-2}
-# The TPU variant runs under the TPU interpreter: it performs DMAs as late and
-# as out of order as their semaphores allow, fills scratch with NaN, and raises
-# on out-of-bounds reads; the generic interpreter (the only one for the GPU
-# variant) copies at once and clamps indices, so it would hide such bugs.
-INTERPRET = {"tpu": pltpu.InterpretParams(out_of_bounds_reads="raise"),
-             "gpu": True}
 
 _reference = jax.jit(reference_paged_attention,
                      static_argnames=("sm_scale", "soft_cap", "sliding_window"))

@@ -17,18 +17,10 @@ from jax.experimental.pallas import tpu as pltpu
 
 from kernels_pallas.ragged_paged_attention import (
     ragged_paged_attention, reference_ragged_paged_attention)
-from kv_cache_builder import build_paged_kv, ragged_metadata
+from kv_cache_builder import (INTERPRET, NUM_KV_HEADS, PAGES_PER_SEQ,
+                              TOLERANCE, build_paged_kv, ragged_metadata)
 
-NUM_KV_HEADS = 2
-PAGES_PER_SEQ = 4
 MAX_SEQS = 6
-TOLERANCE = {jnp.float32: 2e-5, jnp.bfloat16: 2e-2}
-# The TPU variant runs under the TPU interpreter: it performs DMAs as late and
-# as out of order as their semaphores allow, fills scratch with NaN, and raises
-# on out-of-bounds reads; the generic interpreter (the only one for the GPU
-# variant) copies at once and clamps indices, so it would hide such bugs.
-INTERPRET = {"tpu": pltpu.InterpretParams(out_of_bounds_reads="raise"),
-             "gpu": True}
 
 _reference = jax.jit(reference_ragged_paged_attention,
                      static_argnames=("sm_scale", "soft_cap", "sliding_window"))

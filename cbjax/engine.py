@@ -26,7 +26,8 @@ from kernels_pallas.dispatch import resolve_backend
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
-    policy: str = "fcfs"  # scheduling policy: fcfs (continuous) or static
+    policy: str = "fcfs"  # scheduling policy: a name in cbjax.core.policies.POLICIES (docs/policies.md)
+    policy_options: dict | None = None  # the policy's constructor options, e.g. {"aging_s": 5.0}
     max_num_seqs: int = 64  # slots per step
     max_num_batched_tokens: int = 512  # token budget per step (prefill chunks + decodes)
     page_size: int = 16  # tokens per KV page
@@ -40,6 +41,10 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     watermark: float = 0.01  # fraction of pages kept free when admitting, so running sequences can grow
     static_batch_timeout_s: float = 0.0  # static: wait for a full batch or this long (0: start with what waits)
+    preemption_mode: str = "recompute"  # recompute: drop a victim's KV | swap: move it to host memory and back
+    swap_space_gib: float = 1.0  # swap: host memory for swapped-out KV pages (a victim that does not fit recomputes)
+    num_host_pages: int | None = None  # swap: host pool in pages; None: derived from swap_space_gib
+    enable_prefix_caching: bool = False  # share the KV pages of identical prompt prefixes (vLLM's option)
     warmup: bool = True  # compile every bucket at start-up
 
 
@@ -66,16 +71,25 @@ class LLMEngine:
         num_pages = cfg.num_pages
         if num_pages is None:
             num_pages = max(1, int(cfg.kv_cache_memory_gib * 2**30) // kv_cache_bytes_per_page(mcfg, cfg.page_size))
-        self.config = cfg = dataclasses.replace(cfg, num_pages=num_pages, max_model_len=max_model_len)
+        num_host_pages = 0
+        if cfg.preemption_mode == "swap":
+            num_host_pages = cfg.num_host_pages
+            if num_host_pages is None:
+                num_host_pages = int(cfg.swap_space_gib * 2**30) // kv_cache_bytes_per_page(mcfg, cfg.page_size)
+        self.config = cfg = dataclasses.replace(cfg, num_pages=num_pages, max_model_len=max_model_len,
+                                                num_host_pages=num_host_pages)
         self.buckets = BucketTable.build(cfg.max_num_batched_tokens, max_model_len, cfg.page_size, cfg.max_num_seqs)
+        # Built before the model runner so a bad policy, policy option or preemption mode fails before any compile.
         self.scheduler = Scheduler(SchedulerConfig(
             max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
             page_size=cfg.page_size, num_pages=num_pages, max_model_len=max_model_len, policy=cfg.policy,
-            enable_chunked_prefill=cfg.enable_chunked_prefill,
-            watermark_pages=int(cfg.watermark * num_pages),
-            static_batch_timeout_s=cfg.static_batch_timeout_s), self.clock)
+            policy_options=dict(cfg.policy_options or {}), enable_chunked_prefill=cfg.enable_chunked_prefill,
+            watermark_pages=int(cfg.watermark * num_pages), static_batch_timeout_s=cfg.static_batch_timeout_s,
+            preemption_mode=cfg.preemption_mode, num_host_pages=num_host_pages,
+            enable_prefix_caching=cfg.enable_prefix_caching), self.clock)
         self.runner = ModelRunner(self.model, num_pages=num_pages, page_size=cfg.page_size, buckets=self.buckets,
-                                  backend=resolve_backend(cfg.attention_backend), interpret=cfg.pallas_interpret)
+                                  backend=resolve_backend(cfg.attention_backend), interpret=cfg.pallas_interpret,
+                                  num_host_pages=num_host_pages)
         self.warmup_s = self.runner.warmup() if cfg.warmup else 0.0
         self.requests: dict[str, Request] = {}
         self._pending: list[Request] = []  # finished outside a step (aborts) and not yet reported
@@ -99,8 +113,12 @@ class LLMEngine:
 
     # ---- requests ---------------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: "str | Sequence[int]", params: SamplingParams | None = None,
-                    arrival_time: float | None = None, *, priority: int = 0, tenant: str = "default") -> None:
-        """Queue a request. Raises ValueError (naming the problem) for bad input; nothing else is affected."""
+                    arrival_time: float | None = None, *, priority: int = 0, tenant: str = "default",
+                    deadline: float | None = None) -> None:
+        """Queue a request. Raises ValueError (naming the problem) for bad input; nothing else is affected.
+
+        `priority` (lower is more important), `tenant` and `deadline` (absolute, on the engine's clock) are read
+        by the policies that use them (priority, fair_share, edf)."""
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"request {request_id!r}: params must be SamplingParams, got {type(params).__name__}")
@@ -123,7 +141,8 @@ class LLMEngine:
                              f"has only {cfg.num_pages}")
         seed = params.seed if params.seed is not None else (cfg.seed * 1_000_003 + self._arrivals) % 2**32
         now = self.clock.now() if arrival_time is None else arrival_time
-        req = Request(request_id, tokens, params, now, seed, self._arrivals, priority=priority, tenant=tenant)
+        req = Request(request_id, tokens, params, now, seed, self._arrivals, priority=int(priority),
+                      tenant=str(tenant), deadline=None if deadline is None else float(deadline))
         self._arrivals += 1
         self.requests[request_id] = req
         self.scheduler.add(req)
@@ -161,20 +180,27 @@ class LLMEngine:
         """One iteration: schedule, run the model once, advance every scheduled sequence. Returns an output for
         each request that got a token or finished in this step (its `new_token_ids` is the stream delta)."""
         t0 = time.perf_counter()
-        preempted_before = self.scheduler.num_preemptions
-        out = self.scheduler.schedule()
+        sched = self.scheduler
+        before = self._counters()
+        out = sched.schedule()
         changed: list[Request] = []
-        if not out.is_empty:
+        ran = not out.is_empty or out.swap_out or out.swap_in
+        if ran:
             sampled = self.runner.execute(out)
-            changed = self.scheduler.update(out, sampled, self.model_config.eos_token_id, self.clock.now())
+            changed = sched.update(out, sampled, self.model_config.eos_token_id, self.clock.now())
         outputs = [self._output(r, 1) for r in changed] + [self._output(r, 0) for r in self._pending]
         self._pending.clear()
-        if not out.is_empty:
-            # Host time = everything in the step but the wait for the sampled tokens.
-            device_s = self.runner.last_device_s
-            self._record_step(out, time.perf_counter() - t0 - device_s, device_s,
-                              self.scheduler.num_preemptions - preempted_before)
+        if ran:
+            # Host time = everything in the step but the waits for the sampled tokens and for swap copies.
+            device_s, swap_s = self.runner.last_device_s, self.runner.last_swap_s
+            self._record_step(out, time.perf_counter() - t0 - device_s - swap_s, device_s,
+                              {k: v - before[k] for k, v in self._counters().items()})
         return outputs
+
+    def _counters(self) -> dict[str, int]:
+        sched = self.scheduler
+        return dict(num_preemptions=sched.num_preemptions, recomputed_tokens=sched.num_recomputed_tokens,
+                    prefix_queried_tokens=sched.pool.queried_tokens, prefix_hit_tokens=sched.pool.hit_tokens)
 
     def _output(self, req: Request, num_new: int) -> RequestOutput:
         if req.is_finished:
@@ -185,14 +211,15 @@ class LLMEngine:
                              [CompletionOutput(0, list(req.output_token_ids), new, reason)],
                              req.is_finished, req.metrics, error=req.error)
 
-    def _record_step(self, out, host_s: float, device_s: float, preemptions: int) -> None:
-        sched = self.scheduler
+    def _record_step(self, out, host_s: float, device_s: float, counts: dict[str, int]) -> None:
+        sched, runner = self.scheduler, self.runner
         self.step_records.append(dict(
             time=self.clock.now(), num_running=len(sched.running), num_waiting=len(sched.waiting),
             num_scheduled_seqs=len(out.seqs), max_num_seqs=self.config.max_num_seqs,
-            num_scheduled_tokens=out.num_batched_tokens, padded_tokens=self.runner.last_padded_tokens,
-            kv_pages_used=sched.pool.num_used, kv_pages_total=sched.pool.num_pages, num_preemptions=preemptions,
-            host_s=host_s, device_s=device_s, compiles=self.runner.num_compiles))
+            num_scheduled_tokens=out.num_batched_tokens, padded_tokens=runner.last_padded_tokens if out.seqs else 0,
+            kv_pages_used=sched.pool.num_used, kv_pages_total=sched.pool.num_pages, host_s=host_s,
+            device_s=device_s, compiles=runner.num_compiles, swap_out_bytes=runner.last_swap_out_bytes,
+            swap_in_bytes=runner.last_swap_in_bytes, swap_s=runner.last_swap_s, **counts))
 
     def stream(self) -> Iterator[RequestOutput]:
         """Step until every request has finished, yielding each step's outputs (deltas in `new_token_ids`)."""

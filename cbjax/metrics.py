@@ -103,6 +103,15 @@ class StepRecord:
     host_s: float = 0.0
     device_s: float = 0.0
     compiles: int = 0
+    # Preemption cost in this step: KV pages moved by swap (bytes and the copies' wall time), and tokens whose KV a
+    # recompute preemption dropped (they are computed again when the request resumes).
+    swap_out_bytes: int = 0
+    swap_in_bytes: int = 0
+    swap_s: float = 0.0
+    recomputed_tokens: int = 0
+    # Prefix cache in this step: context tokens looked up at admission, and those found cached.
+    prefix_queried_tokens: int = 0
+    prefix_hit_tokens: int = 0
 
 
 def percentiles(values: Iterable[float], ps: Sequence[float] = (50, 90, 99)) -> dict[str, float]:
@@ -198,7 +207,9 @@ def step_summary(steps: Sequence[StepRecord]) -> dict[str, float]:
       num_scheduled_seqs / max_num_seqs; kv_util_mean / kv_util_max of kv_pages_used / kv_pages_total;
       scheduled_tokens_mean; padding_waste = 1 - sum(num_scheduled_tokens) / sum(padded_tokens);
       step_preemptions (sum); host_s, device_s (sums) and host_fraction / device_fraction of host_s + device_s;
-      compiles (the counter's last value) and compiles_after_first_step (last - first: recompiles during the run).
+      compiles (the counter's last value) and compiles_after_first_step (last - first: recompiles during the run);
+      swap_out_bytes, swap_in_bytes, swap_s, recomputed_tokens, prefix_queried_tokens, prefix_hit_tokens (sums)
+      and prefix_cache_hit_rate = prefix_hit_tokens / prefix_queried_tokens (NaN when nothing was looked up).
     Steps with max_num_seqs == 0 or kv_pages_total == 0 are left out of the corresponding ratio."""
     n = len(steps)
 
@@ -227,7 +238,15 @@ def step_summary(steps: Sequence[StepRecord]) -> dict[str, float]:
         "device_fraction": device / busy if busy > 0 else NAN,
         "compiles": int(steps[-1].compiles) if n else 0,
         "compiles_after_first_step": int(steps[-1].compiles - steps[0].compiles) if n else 0,
+        **{k: int(sum(getattr(s, k) for s in steps)) for k in _STEP_COUNTS},
+        "swap_s": float(sum(s.swap_s for s in steps)),
+        "prefix_cache_hit_rate": (sum(s.prefix_hit_tokens for s in steps) / queried
+                                  if (queried := sum(s.prefix_queried_tokens for s in steps)) else NAN),
     }
+
+
+_STEP_COUNTS = ("swap_out_bytes", "swap_in_bytes", "recomputed_tokens", "prefix_queried_tokens",
+                "prefix_hit_tokens")
 
 
 def summarize(

@@ -6,8 +6,11 @@ it hands every request that has arrived to the engine (or to the client-side bat
 nothing can run, it jumps (virtual clock) or sleeps (real clock) to the next event: an arrival, a client window
 closing, or a static batch's timeout.
 
-A policy-list entry ("fcfs", "static", "time_window") is turned into engine options plus client behaviour by
-`plan_policy`, so every baseline runs on the same runner and the same model.
+A policy-list entry (any engine policy of cbjax.core.policies.POLICIES, or "time_window") is turned into engine
+options plus client behaviour by `plan_policy`, so every baseline runs on the same runner and the same model.
+
+`horizon_s` ends a run at that time (seconds from its start): what is still in flight is aborted and counts as not
+completed, which is how a starving policy shows in the completion rates.
 
 Clocks: the engine's own clock is used. With a `cbjax.core.VirtualClock` the loop never sleeps; each step moves
 the clock by `step_cost_s` (fixed: reproducible tests) or by the step's measured wall time (None). The move happens
@@ -27,6 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from cbjax.core.clock import VirtualClock
+from cbjax.core.policies import POLICIES
 from cbjax.core.outputs import RequestOutput
 from cbjax.core.sampling_params import SamplingParams
 from cbjax.metrics import RequestRecord, StepRecord
@@ -61,29 +65,31 @@ class PolicyPlan:
     client: ClientBatching | None = None
 
 
-POLICY_NAMES = ("fcfs", "static", "time_window")
+POLICY_NAMES = (*POLICIES, "time_window")
 
 
 def plan_policy(name: str, *, static_batch_timeout_s: float = 0.0, window_ms: float = 0.0,
-                max_batch: int = 1) -> PolicyPlan:
+                max_batch: int = 1, policy_options: dict | None = None) -> PolicyPlan:
     """The one table from a policy-list entry to (engine options, client behaviour).
 
-    fcfs:        continuous batching; every arrival goes straight to the engine.
     static:      server-side static batching: the engine starts a batch when max_num_seqs requests wait or the
                  oldest has waited `static_batch_timeout_s`, and admits nothing new until the batch is done.
     time_window: client-side batching: the client holds arrivals for `window_ms` or `max_batch` requests, then
                  submits them together to a static engine that starts whatever is waiting (timeout 0).
+    any other engine policy (fcfs, sarathi, priority, ...): every arrival goes straight to the engine, which runs
+                 that policy with `policy_options`.
     """
-    table = {
-        "fcfs": (dict(policy="fcfs", static_batch_timeout_s=0.0), None),
-        "static": (dict(policy="static", static_batch_timeout_s=float(static_batch_timeout_s)), None),
-        "time_window": (dict(policy="static", static_batch_timeout_s=0.0),
-                        ClientBatching(float(window_ms) / 1e3, int(max_batch))),
-    }
-    if name not in table:
+    if name == "time_window":
+        return PolicyPlan(name, dict(policy="static", static_batch_timeout_s=0.0),
+                          ClientBatching(float(window_ms) / 1e3, int(max_batch)))
+    if name == "static":
+        return PolicyPlan(name, dict(policy="static", static_batch_timeout_s=float(static_batch_timeout_s)))
+    if name not in POLICIES:
         raise ValueError(f"unknown policy entry {name!r}; known: {list(POLICY_NAMES)}")
-    options, client = table[name]
-    return PolicyPlan(name, options, client)
+    options = dict(policy=name, static_batch_timeout_s=0.0)
+    if policy_options:
+        options["policy_options"] = dict(policy_options)
+    return PolicyPlan(name, options)
 
 
 @dataclasses.dataclass
@@ -136,7 +142,8 @@ class _OnlineRun:
     """The state of one run_online call: what is yet to arrive, held by the client, in the engine, finished."""
 
     def __init__(self, engine, workload: Sequence[WorkloadRequest], client: ClientBatching | None,
-                 step_cost_s: float | None, on_step: Callable[[Progress], None] | None):
+                 step_cost_s: float | None, on_step: Callable[[Progress], None] | None,
+                 horizon_s: float | None = None):
         self.engine = engine
         self.clock = engine.clock
         self.virtual = isinstance(self.clock, VirtualClock)
@@ -145,6 +152,9 @@ class _OnlineRun:
         if step_cost_s is not None and step_cost_s <= 0:
             raise ValueError(f"step_cost_s must be > 0, got {step_cost_s}")
         self.step_cost_s = step_cost_s
+        if horizon_s is not None and not horizon_s > 0:
+            raise ValueError(f"horizon_s must be > 0 or None, got {horizon_s}")
+        self.horizon_s = horizon_s
         self.client = client
         self.on_step = on_step
         self.pending = deque(sorted(workload, key=lambda r: r.arrival_time))
@@ -178,10 +188,11 @@ class _OnlineRun:
             times.append(self.pending[0].arrival_time)
         if self.held:
             times.append(self.held[0].arrival_time + self.client.window_s)
-        sched = self.engine.scheduler
-        timeout = getattr(sched.policy, "batch_timeout_s", 0.0)
-        if timeout > 0 and sched.waiting and not sched.running:
-            times.append(min(r.metrics.arrival_time for r in sched.waiting) - self.t0 + timeout)
+        policy_time = self.engine.scheduler.next_event_time()
+        if policy_time is not None:
+            times.append(policy_time - self.t0)
+        if times and self.horizon_s is not None:
+            times.append(self.horizon_s)
         return min(times) if times else None
 
     # ---- arrivals -----------------------------------------------------------------------------------------------
@@ -207,7 +218,8 @@ class _OnlineRun:
                 # and one held by the client batcher waited at the client; both waits count in its TTFT.
                 self.engine.add_request(r.request_id, list(r.prompt_token_ids), _params(r),
                                         arrival_time=self.t0 + r.arrival_time, priority=r.priority,
-                                        tenant=r.tenant)
+                                        tenant=r.tenant,
+                                        deadline=None if r.deadline is None else self.t0 + r.deadline)
                 self.submitted[r.request_id] = None
             except ValueError:
                 # The engine says why (too long for the pool, ...); the record counts it as aborted, as vLLM does.
@@ -233,13 +245,16 @@ class _OnlineRun:
         return ran or bool(outputs)
 
     def loop(self) -> None:
+        """Run until every request has finished, or until the horizon (then returns True)."""
         while True:
+            if self.horizon_s is not None and self.now() >= self.horizon_s:
+                return True
             self.admit_arrivals()
             if self.engine.has_unfinished_requests():
                 if self.step():
                     continue
             elif not self.pending and not self.held:
-                return
+                return False
             wake = self.next_event()
             if wake is None:
                 raise RuntimeError("online loop stalled: requests wait but no arrival or timeout can start them")
@@ -249,7 +264,7 @@ class _OnlineRun:
             self.wait_until(wake)
 
     def abort_rest(self) -> None:
-        """After an interrupt: abort what the engine still holds and collect the abort outputs."""
+        """After an interrupt or at the horizon: abort what the engine still holds and collect the abort outputs."""
         for r in self.held:
             self.refused[r.request_id] = self.now()
         self.held = []
@@ -297,30 +312,34 @@ class _OnlineRun:
 
 
 def run_online(engine, workload: Sequence[WorkloadRequest], *, client: ClientBatching | None = None,
-               step_cost_s: float | None = None,
-               on_step: Callable[[Progress], None] | None = None) -> OnlineResult:
+               step_cost_s: float | None = None, on_step: Callable[[Progress], None] | None = None,
+               horizon_s: float | None = None) -> OnlineResult:
     """Replay `workload` against `engine` by arrival time; returns the measured records.
 
     `engine` is an LLMEngine (warmed up, so compiles stay out of the timings) on a real or virtual clock.
     `client` batches arrivals on the client side (the time_window baseline). `step_cost_s` (virtual clock only)
     is the fixed cost of every step; None measures each step's wall time. `on_step` is called after every step.
     Ctrl-C stops the run, aborts the requests in flight and returns what was measured, `interrupted=True`.
+    `horizon_s` ends the run at that time the same way, but as a normal end (`interrupted=False`,
+    `num_not_arrived` counts the requests whose arrival it cut off).
     """
-    run = _OnlineRun(engine, workload, client, step_cost_s, on_step)
+    run = _OnlineRun(engine, workload, client, step_cost_s, on_step, horizon_s)
     first_step = len(engine.step_records)
     original_runner = engine.runner
     if run.virtual:
         engine.runner = _ClockedRunner(original_runner, engine.clock, step_cost_s)
     run.t0 = engine.clock.now()
     wall0 = time.perf_counter()
-    interrupted = False
+    interrupted = cut = False
     try:
-        run.loop()
+        cut = run.loop()
+        if cut:
+            run.abort_rest()
     except KeyboardInterrupt:
         interrupted = True
         run.abort_rest()
     finally:
         engine.runner = original_runner
     steps = [StepRecord(**{**s, "time": s["time"] - run.t0}) for s in engine.step_records[first_step:]]
-    return OnlineResult(run.request_records(), steps, interrupted, len(run.pending) if interrupted else 0,
-                        time.perf_counter() - wall0)
+    return OnlineResult(run.request_records(), steps, interrupted,
+                        len(run.pending) if interrupted or cut else 0, time.perf_counter() - wall0)

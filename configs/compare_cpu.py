@@ -18,8 +18,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.clock = "real"  # real: wall clock, sleeps between arrivals | virtual: simulated time, never sleeps
     c.step_cost_ms = 0.0  # virtual clock: fixed cost of every step; 0: each step's measured wall time
 
-    # Engine options: cbjax.engine.EngineConfig's fields. `policy` is not here: each entry of `policies` sets it.
+    c.horizon_s = config_dict.placeholder(float)  # end each run here (s); unfinished requests count as not completed
+    # Per-policy constructor options, e.g. c.policy_options.priority = dict(aging_s=5.0) (docs/policies.md).
+    c.policy_options = ml_collections.ConfigDict()
+
+    # Engine options: cbjax.engine.EngineConfig's fields. Each entry of `policies` sets the engine's policy.
     e = c.engine = ml_collections.ConfigDict()
+    e.policy = config_dict.placeholder(str)  # set (--config.engine.policy=sjf) to run this one policy alone
     e.max_num_seqs = 32  # slots per step (also the static batch size)
     e.max_num_batched_tokens = 256  # token budget per step; the largest token bucket
     e.page_size = 16  # tokens per KV page
@@ -33,6 +38,9 @@ def get_config() -> ml_collections.ConfigDict:
     e.enable_chunked_prefill = True  # split long prompts over steps under the token budget
     e.watermark = 0.01  # fraction of pages kept free at admission so running sequences can grow
     e.static_batch_timeout_s = 0.5  # static: start a batch when full or when its oldest request waited this long
+    e.preemption_mode = "recompute"  # recompute: drop a victim's KV | swap: move it to host memory and back
+    e.swap_space_gib = 1.0  # swap: host memory for swapped-out KV pages
+    e.enable_prefix_caching = False  # reuse the KV pages of identical prompt prefixes
     e.warmup = True  # compile every token bucket before the run, so no compile is timed
 
     # Client-side batching for the `time_window` entry (its engine runs policy static with timeout 0).

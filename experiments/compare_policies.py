@@ -2,7 +2,8 @@
 
   python -m experiments.compare_policies --config=configs/compare_cpu.py [--config.engine.max_num_seqs=16 ...]
 
-Each entry of `config.policies` ("static", "time_window", "fcfs"; see cbjax.online.plan_policy) gets its own engine,
+Each entry of `config.policies` (an engine policy such as "fcfs", "static", "sarathi", "priority", ..., or the
+client-side "time_window"; see cbjax.online.plan_policy and docs/policies.md) gets its own engine,
 warmed up before its run so no compile is timed (engines of the same shapes share jax's compile cache, so only the
 first one compiles). Requests arrive by the workload's clock and join the engine as they arrive (cbjax.online).
 Prints one row per policy and the continuous/static output-throughput ratio, and writes results/<run_name>/:
@@ -46,19 +47,36 @@ COLUMNS = (
 def resolve_config(cfg):
     """Fill what the config leaves to the run (vocabulary, clipping length) and check the policy list.
 
-    `policies` may hold comma-separated entries (`--config.policies=fcfs,static` arrives as one string)."""
+    `policies` may hold comma-separated entries (`--config.policies=fcfs,static` arrives as one string).
+    `engine.policy`, when set (`--config.engine.policy=sjf`), runs that one policy instead of the list."""
+    from cbjax.core.policies import make_policy
     from cbjax.model.config import get_model_config
     from cbjax.online import plan_policy
 
     cfg = cfg.copy_and_resolve_references()
+    single = cfg.engine.get("policy")
+    if "policy" in cfg.engine:
+        with cfg.unlocked():
+            del cfg.engine["policy"]  # each entry of `policies` sets the engine's policy
+    if single is not None:
+        cfg.policies = (single,)
     names = [p.strip() for entry in cfg.policies for p in str(entry).split(",") if p.strip()]
     if not names:
         raise ValueError("config.policies is empty")
     if len(set(names)) != len(names):
         raise ValueError(f"config.policies lists a policy twice: {names}")
+    options = cfg.get("policy_options") or {}
     for name in names:
-        plan_policy(name)  # an unknown name fails here, before any compile
+        # An unknown name or option fails here, before any compile.
+        plan = plan_policy(name, policy_options=options.get(name))
+        if "policy_options" in plan.engine_options:
+            make_policy(plan.engine_options["policy"], plan.engine_options["policy_options"])
+    unused = sorted(set(options) - set(names))
+    if unused:
+        raise ValueError(f"config.policy_options names policies not in config.policies: {unused}")
     cfg.policies = tuple(names)
+    if cfg.get("horizon_s") is not None and not cfg.horizon_s > 0:
+        raise ValueError(f"config.horizon_s must be > 0 or None, got {cfg.horizon_s}")
     if cfg.clock not in ("real", "virtual"):
         raise ValueError(f"config.clock must be 'real' or 'virtual', got {cfg.clock!r}")
     if cfg.step_cost_ms < 0 or (cfg.step_cost_ms > 0 and cfg.clock != "virtual"):
@@ -95,7 +113,8 @@ def run_comparison(cfg, *, progress: bool = True, on_step: Callable | None = Non
     try:
         for name in cfg.policies:
             plan = plan_policy(name, static_batch_timeout_s=cfg.engine.static_batch_timeout_s,
-                               window_ms=cfg.time_window.window_ms, max_batch=cfg.time_window.max_batch)
+                               window_ms=cfg.time_window.window_ms, max_batch=cfg.time_window.max_batch,
+                               policy_options=(cfg.get("policy_options") or {}).get(name))
             options = {**cfg.engine.to_dict(), **plan.engine_options}
             clock = VirtualClock() if cfg.clock == "virtual" else RealClock()
             logging.info("%s: engine policy=%s static_batch_timeout_s=%s, client=%s", name, options["policy"],
@@ -112,7 +131,8 @@ def run_comparison(cfg, *, progress: bool = True, on_step: Callable | None = Non
                 if on_step is not None:
                     on_step(name, p)
 
-            result = run_online(engine, workload, client=plan.client, step_cost_s=step_cost_s, on_step=step_done)
+            result = run_online(engine, workload, client=plan.client, step_cost_s=step_cost_s, on_step=step_done,
+                                horizon_s=cfg.get("horizon_s"))
             bar.close()
             comp.results[name] = result
             del engine  # free its KV cache before the next policy's engine is built

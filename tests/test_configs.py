@@ -57,7 +57,17 @@ def test_a_misspelt_override_is_an_error():
 
 def test_resolve_config_rejects_bad_policy_lists():
     with pytest.raises(ValueError, match="unknown policy"):
-        resolve_config(parse(["--config.policies=fcfs,sjf"]))
+        resolve_config(parse(["--config.policies=fcfs,nope"]))
+    with pytest.raises(ValueError, match="takes no option"):
+        resolve_config(parse(["--config.policies=fcfs,priority",
+                              "--config.policy_options={'priority': {'agin_s': 3}}"]))
+    with pytest.raises(ValueError, match="not in config.policies"):
+        resolve_config(parse(["--config.policies=fcfs", "--config.policy_options={'sjf': {}}"]))
+
+
+def test_engine_policy_runs_one_policy_alone():
+    cfg = resolve_config(parse(["--config.engine.policy=srpt_oracle"]))
+    assert cfg.policies == ("srpt_oracle",) and "policy" not in cfg.engine
     with pytest.raises(ValueError, match="twice"):
         resolve_config(parse(["--config.policies=fcfs,fcfs"]))
 

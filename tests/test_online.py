@@ -42,8 +42,11 @@ def test_plan_policy_table():
     # The client batches; the engine must start whatever it is handed, so its own timeout is off.
     assert tw.engine_options == {"policy": "static", "static_batch_timeout_s": 0.0}
     assert tw.client == ClientBatching(0.05, 8)
+    sjf = plan_policy("sjf", policy_options={"victim": "longest_running"})
+    assert sjf.engine_options["policy"] == "sjf" and sjf.engine_options["policy_options"] == {
+        "victim": "longest_running"} and sjf.client is None
     with pytest.raises(ValueError, match="unknown policy"):
-        plan_policy("sjf")
+        plan_policy("nope")
 
 
 def test_fcfs_joins_a_running_batch_and_static_does_not():

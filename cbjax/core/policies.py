@@ -1,30 +1,107 @@
-"""Scheduling policies: the small decisions a Scheduler delegates.
+"""Scheduling policies: the decisions a Scheduler delegates, each behind its own hook.
 
-A policy answers three questions each step: may waiting requests be admitted now, which waiting request comes
-next, and which running request is preempted when pages run out. The Scheduler does the bookkeeping (budgets,
-pages, state changes), so a new policy is one small class.
+The Scheduler does the bookkeeping (token budget, slots, pages, swaps, state changes). A policy answers:
+
+  rank(running, waiting, now)     the step's order: every request, most important first. The scheduler walks it,
+                                  giving each its next chunk while the token budget and the slots last, so the
+                                  order also decides "decodes first or prefills first".
+  chunked_prefill, chunk_size     may a prompt that fits one step be split; the most tokens a sequence gets a step.
+  reserve_to_completion           admission reserves pages for prompt + max_tokens (never preempts later) instead
+                                  of admitting optimistically.
+  may_admit(running, waiting, now)  may waiting requests join now at all (static batching says no mid-batch).
+  victims(requester, lower)       which running requests ranked below `requester` it may preempt for pages or a
+                                  slot (default: a running sequence may preempt any of them, a waiting one none).
+  choose_victim(candidates, now)  which one goes first (the `victim` option: rank, last_admitted,
+                                  lowest_priority, longest_running, cheapest_recompute).
+  choose_eviction(pages)          which released prefix-cache page to overwrite (None = least recently used).
+  on_scheduled / on_arrival       accounting for stateful policies (mlfq levels, fair-share counters).
+  next_event_time(running, waiting)  when the policy will admit although nothing changes (a static timeout);
+                                  the online loop sleeps until then.
+
+A new policy is a small subclass that overrides `rank` (and perhaps `victims`): see docs/policies.md. Register it
+in POLICIES to make it reachable by name from EngineConfig.policy, `LLM(policy=...)` and the experiment configs.
+Priorities follow vLLM: a lower `priority` value is more important.
 """
-from collections.abc import Sequence
+import heapq
+import inspect
+from collections.abc import Iterable, Sequence
 
-from cbjax.core.request import Request
+from cbjax.core.request import Request, RequestStatus
+
+
+def _by_admission(reqs: Iterable[Request]) -> list[Request]:
+    return sorted(reqs, key=lambda r: r.admission_order)
+
+
+def _by_arrival(reqs: Iterable[Request]) -> list[Request]:
+    return sorted(reqs, key=lambda r: r.arrival_order)
+
+
+# ---- victim choice: among the running requests a requester may preempt, which goes first -----------------------
+def _victim_rank(cands: Sequence[Request], now: float) -> Request:
+    return cands[-1]  # candidates come in rank order: the least important
+
+
+VICTIMS = {
+    "rank": _victim_rank,
+    "last_admitted": lambda cands, now: max(cands, key=lambda r: r.admission_order),
+    "lowest_priority": lambda cands, now: max(cands, key=lambda r: (r.priority, r.admission_order)),
+    # The one that has decoded longest: it holds the most pages, so one preemption frees the most.
+    "longest_running": lambda cands, now: max(cands, key=lambda r: (len(r.output_token_ids), r.admission_order)),
+    # The least KV to rebuild (or to move, under swap).
+    "cheapest_recompute": lambda cands, now: min(cands, key=lambda r: (r.num_computed_tokens, -r.admission_order)),
+}
 
 
 class Policy:
-    """Continuous FCFS: running sequences first, then waiting ones in arrival order; victim = last admitted."""
+    """Continuous FCFS: running sequences in admission order (decodes and unfinished chunked prefills alike), then
+    waiting requests in arrival order; under memory pressure the last admitted running sequence is preempted."""
 
     name = "fcfs"
-    # When True, admission moves a whole batch (up to max_num_seqs) into the running set at once, and prefill of
-    # its members is spread over as many steps as the token budget needs.
+    # Admission moves a whole batch (up to max_num_seqs) into the running set at once (static batching).
     admits_whole_batch = False
+    chunked_prefill: bool | None = None  # None: the engine's enable_chunked_prefill; False: whole prompts only
+    chunk_size: int | None = None  # most tokens one sequence computes in a step (None: the step's budget)
+    reserve_to_completion = False
+    # A waiting request may preempt lower-ranked running ones (for pages or for a slot).
+    preempts_for_admission = False
+
+    def __init__(self, victim: str = "rank", reserve_to_completion: bool | None = None):
+        if victim not in VICTIMS:
+            raise ValueError(f"unknown victim choice {victim!r}; known: {sorted(VICTIMS)}")
+        self.victim = victim
+        self._choose = VICTIMS[victim]
+        if reserve_to_completion is not None:
+            self.reserve_to_completion = reserve_to_completion
+        self.scheduler = None  # set by the Scheduler (policies that read the page pool, e.g. lpm)
+
+    # ---- hooks ------------------------------------------------------------------------------------------------
+    def rank(self, running: Sequence[Request], waiting: Sequence[Request], now: float) -> list[Request]:
+        return _by_admission(running) + _by_arrival(waiting)
 
     def may_admit(self, running: Sequence[Request], waiting: Sequence[Request], now: float) -> bool:
         return True
 
-    def next_waiting_index(self, waiting: Sequence[Request]) -> int:
-        return 0
+    def victims(self, requester: Request, lower: list[Request]) -> list[Request]:
+        """`lower`: the running requests ranked below `requester` and not yet scheduled this step, in rank order."""
+        if requester.status is RequestStatus.RUNNING or self.preempts_for_admission:
+            return lower
+        return []
 
-    def choose_victim(self, running: Sequence[Request]) -> Request:
-        return running[-1]
+    def choose_victim(self, candidates: Sequence[Request], now: float) -> Request:
+        return self._choose(candidates, now)
+
+    def choose_eviction(self, evictable: Iterable[int]) -> int | None:
+        return None  # least recently released first (the pool's own order)
+
+    def on_arrival(self, req: Request, now: float) -> None:
+        pass
+
+    def on_scheduled(self, req: Request, num_tokens: int, now: float) -> None:
+        pass
+
+    def next_event_time(self, running: Sequence[Request], waiting: Sequence[Request]) -> float | None:
+        return None
 
 
 class StaticPolicy(Policy):
@@ -38,7 +115,8 @@ class StaticPolicy(Policy):
     name = "static"
     admits_whole_batch = True
 
-    def __init__(self, max_num_seqs: int = 1, batch_timeout_s: float = 0.0):
+    def __init__(self, max_num_seqs: int = 1, batch_timeout_s: float = 0.0, victim: str = "rank"):
+        super().__init__(victim)
         self.max_num_seqs = max_num_seqs
         self.batch_timeout_s = batch_timeout_s
 
@@ -49,16 +127,294 @@ class StaticPolicy(Policy):
             return True
         return now - min(r.metrics.arrival_time for r in waiting) >= self.batch_timeout_s
 
+    def next_event_time(self, running, waiting) -> float | None:
+        if self.batch_timeout_s > 0 and waiting and not running:
+            return min(r.metrics.arrival_time for r in waiting) + self.batch_timeout_s
+        return None
 
-POLICIES: dict[str, type[Policy]] = {"fcfs": Policy, "static": StaticPolicy}
+
+class PrefillFirstPolicy(Policy):
+    """Orca / vLLM-V0-like: new prompts first, whole (no chunking), then running decodes with what budget is left.
+    Low TTFT while the budget lasts; decodes stall behind big prefills (TPOT and ITL pay)."""
+
+    name = "prefill_first"
+    chunked_prefill = False
+
+    def rank(self, running, waiting, now):
+        return _by_arrival(waiting) + _by_admission(running)
 
 
-def make_policy(name: str, **options) -> Policy:
-    """Build a policy by name; `options` are passed to policies whose constructor takes them."""
+class SarathiPolicy(Policy):
+    """Sarathi-Serve's stall-free batching: every running decode first, then unfinished chunked prefills, then new
+    prompts, chunked to fill the budget (`chunk_size` caps one prompt's share of a step). Decodes never wait
+    behind a prefill."""
+
+    name = "sarathi"
+    chunked_prefill = True
+
+    def __init__(self, chunk_size: int | None = None, victim: str = "rank",
+                 reserve_to_completion: bool | None = None):
+        super().__init__(victim, reserve_to_completion)
+        if chunk_size is not None and chunk_size < 1:
+            raise ValueError(f"sarathi chunk_size must be >= 1, got {chunk_size}")
+        self.chunk_size = chunk_size
+
+    def rank(self, running, waiting, now):
+        running = _by_admission(running)
+        decodes = [r for r in running if r.num_uncomputed_tokens <= 1]
+        prefills = [r for r in running if r.num_uncomputed_tokens > 1]
+        return decodes + prefills + _by_arrival(waiting)
+
+
+class PriorityPolicy(Policy):
+    """Strict priority classes (lower value first), FCFS within a class, with aging: a request's effective
+    priority improves by one level for every `aging_s` seconds since its arrival, so old low-priority requests
+    eventually outrank new high-priority ones (no starvation). A waiting request may preempt lower-ranked running
+    ones when pages or slots run out; the least important goes first."""
+
+    name = "priority"
+    preempts_for_admission = True
+
+    def __init__(self, aging_s: float | None = 10.0, victim: str = "rank",
+                 reserve_to_completion: bool | None = None):
+        super().__init__(victim, reserve_to_completion)
+        if aging_s is not None and aging_s <= 0:
+            raise ValueError(f"priority aging_s must be > 0 or None (no aging), got {aging_s}")
+        self.aging_s = aging_s
+
+    def effective_priority(self, req: Request, now: float) -> float:
+        if self.aging_s is None:
+            return req.priority
+        return req.priority - (now - req.metrics.arrival_time) / self.aging_s
+
+    def rank(self, running, waiting, now):
+        # Aging shifts every request by the same amount per second, so two requests never swap places over time:
+        # only newcomers are outranked by old requests. Ties (and equal classes) go to the earlier arrival.
+        return sorted([*running, *waiting], key=lambda r: (self.effective_priority(r, now), r.arrival_order))
+
+
+class ThreeLevelPolicy(Policy):
+    """Three levels: new prompts first (chunked), then running sequences FCFS; a sequence that has decoded more
+    than `demote_after` tokens drops into a preemptible pool, ranked last and preempted first under memory
+    pressure, also by new prompts. Short requests pass long ones; long ones still finish once the pressure
+    goes."""
+
+    name = "three_level"
+
+    def __init__(self, demote_after: int = 64, victim: str = "rank", reserve_to_completion: bool | None = None):
+        super().__init__(victim, reserve_to_completion)
+        if demote_after < 0:
+            raise ValueError(f"three_level demote_after must be >= 0, got {demote_after}")
+        self.demote_after = demote_after
+
+    def demoted(self, req: Request) -> bool:
+        return len(req.output_token_ids) > self.demote_after
+
+    def rank(self, running, waiting, now):
+        running = _by_admission(running)
+        return (_by_arrival(waiting) + [r for r in running if not self.demoted(r)]
+                + [r for r in running if self.demoted(r)])
+
+    def victims(self, requester, lower):
+        if requester.status is RequestStatus.RUNNING:
+            return lower
+        # Only a new prompt may push out a demoted sequence; a resumed one waits (no ping-pong between long ones).
+        return [r for r in lower if self.demoted(r)] if not requester.output_token_ids else []
+
+
+class SJFPolicy(Policy):
+    """Shortest job first by prompt length: running sequences keep going (non-preemptive); waiting requests are
+    admitted shortest prompt first, ties by arrival. Long prompts can starve under sustained load."""
+
+    name = "sjf"
+
+    def rank(self, running, waiting, now):
+        return _by_admission(running) + sorted(waiting, key=lambda r: (r.num_prompt_tokens, r.arrival_order))
+
+
+class SRPTOraclePolicy(Policy):
+    """Shortest remaining processing time, clairvoyant: it knows each request's output length (`max_tokens`,
+    exact when EOS is ignored, as in the experiment workloads) and ranks every request by the tokens it still
+    has to compute and generate. Preemptive: a shorter newcomer may push out a longer running sequence. A bound
+    to compare real policies against, not a deployable policy."""
+
+    name = "srpt_oracle"
+    preempts_for_admission = True
+
+    @staticmethod
+    def remaining(req: Request) -> int:
+        prompt_left = max(0, req.num_prompt_tokens - req.num_computed_tokens)
+        return prompt_left + req.num_remaining_output_tokens
+
+    def rank(self, running, waiting, now):
+        return sorted([*running, *waiting], key=lambda r: (self.remaining(r), r.arrival_order))
+
+
+class MLFQPolicy(Policy):
+    """Skip-join multi-level feedback queue (FastServe). Level i has a quantum of `quantum * 2**i` tokens of
+    service (prefill and decode tokens); a request joins the highest level whose quantum covers its prompt (a long
+    prompt skips the top levels), and drops a level each time it uses up its quantum. Lower levels are served (and
+    preempted) last; FCFS within a level. A request not scheduled for `starvation_s` seconds returns to the top."""
+
+    name = "mlfq"
+    preempts_for_admission = True
+
+    def __init__(self, num_levels: int = 4, quantum: int = 64, starvation_s: float | None = 5.0,
+                 victim: str = "rank", reserve_to_completion: bool | None = None):
+        super().__init__(victim, reserve_to_completion)
+        if num_levels < 1 or quantum < 1:
+            raise ValueError(f"mlfq needs num_levels >= 1 and quantum >= 1, got {num_levels}, {quantum}")
+        if starvation_s is not None and starvation_s <= 0:
+            raise ValueError(f"mlfq starvation_s must be > 0 or None, got {starvation_s}")
+        self.num_levels, self.quantum, self.starvation_s = num_levels, quantum, starvation_s
+
+    def quantum_of(self, level: int) -> int:
+        return self.quantum << level
+
+    def on_arrival(self, req, now):
+        level = 0
+        while level < self.num_levels - 1 and req.num_prompt_tokens > self.quantum_of(level):
+            level += 1
+        req.policy_state = [level, 0]  # [level, service attained at this level]
+
+    def on_scheduled(self, req, num_tokens, now):
+        state = req.policy_state
+        state[1] += num_tokens
+        if state[1] > self.quantum_of(state[0]) and state[0] < self.num_levels - 1:
+            state[0] += 1
+            state[1] = 0
+
+    def rank(self, running, waiting, now):
+        if self.starvation_s is not None:
+            for r in waiting:
+                if now - r.last_scheduled_time > self.starvation_s:
+                    r.policy_state[:] = [0, 0]
+        return sorted([*running, *waiting], key=lambda r: (r.policy_state[0], r.arrival_order))
+
+
+class FairSharePolicy(Policy):
+    """Per-tenant fair share by virtual token counters (VTC, Sheng et al. 2024). Each tenant's counter grows by the
+    service it gets: `input_weight` per prompt token computed and `output_weight` per generated token, divided by
+    the tenant's weight (`tenant_weights`, default 1). Waiting requests are admitted from the tenant with the
+    smallest counter (FCFS within a tenant); a tenant that comes back after being idle is lifted to the smallest
+    active counter, so idleness banks no credit. Running sequences keep going (non-preemptive)."""
+
+    name = "fair_share"
+
+    def __init__(self, input_weight: float = 1.0, output_weight: float = 2.0,
+                 tenant_weights: dict | None = None, victim: str = "rank",
+                 reserve_to_completion: bool | None = None):
+        super().__init__(victim, reserve_to_completion)
+        self.input_weight, self.output_weight = input_weight, output_weight
+        self.tenant_weights = dict(tenant_weights or {})
+        if any(w <= 0 for w in self.tenant_weights.values()):
+            raise ValueError(f"fair_share tenant_weights must be > 0, got {self.tenant_weights}")
+        self.counters: dict[str, float] = {}
+
+    def _weight(self, tenant: str) -> float:
+        return self.tenant_weights.get(tenant, 1.0)
+
+    def on_arrival(self, req, now):
+        sched = self.scheduler
+        active = {r.tenant for r in (*sched.running, *sched.waiting)} if sched is not None else set()
+        if req.tenant not in active:
+            floor = min((self.counters.get(t, 0.0) for t in active), default=0.0)
+            self.counters[req.tenant] = max(self.counters.get(req.tenant, 0.0), floor)
+
+    def on_scheduled(self, req, num_tokens, now):
+        # A chunk that reaches the end of the context samples one token: charge the output weight for it.
+        prompt_part = max(0, min(num_tokens, req.num_prompt_tokens - req.num_computed_tokens))
+        cost = prompt_part * self.input_weight
+        if req.num_computed_tokens + num_tokens == req.num_tokens:
+            cost += self.output_weight
+        self.counters[req.tenant] = self.counters.get(req.tenant, 0.0) + cost / self._weight(req.tenant)
+
+    def rank(self, running, waiting, now):
+        # Interleave the tenants' queues as admission would move their counters: each pick charges its prompt.
+        queues: dict[str, list[Request]] = {}
+        for r in _by_arrival(waiting):
+            queues.setdefault(r.tenant, []).append(r)
+        heap = [(self.counters.get(t, 0.0), q[0].arrival_order, t) for t, q in queues.items()]
+        heapq.heapify(heap)
+        order, pos = [], dict.fromkeys(queues, 0)
+        while heap:
+            c, _, t = heapq.heappop(heap)
+            q = queues[t]
+            r = q[pos[t]]
+            order.append(r)
+            pos[t] += 1
+            if pos[t] < len(q):
+                c += r.num_prompt_tokens * self.input_weight / self._weight(t)
+                heapq.heappush(heap, (c, q[pos[t]].arrival_order, t))
+        return _by_admission(running) + order
+
+
+class EDFPolicy(Policy):
+    """Earliest deadline first over every request. A request's deadline is its own (`deadline`, absolute), else
+    arrival + the slack of its SLO class (`class_slack_s[priority]`), else arrival + `default_slack_s`.
+    Preemptive: an earlier deadline may push out a later one when pages or slots run out."""
+
+    name = "edf"
+    preempts_for_admission = True
+
+    def __init__(self, default_slack_s: float = 30.0, class_slack_s: dict | None = None, victim: str = "rank",
+                 reserve_to_completion: bool | None = None):
+        super().__init__(victim, reserve_to_completion)
+        self.default_slack_s = default_slack_s
+        self.class_slack_s = {int(k): float(v) for k, v in (class_slack_s or {}).items()}
+
+    def deadline(self, req: Request) -> float:
+        if req.deadline is not None:
+            return req.deadline
+        return req.metrics.arrival_time + self.class_slack_s.get(req.priority, self.default_slack_s)
+
+    def rank(self, running, waiting, now):
+        return sorted([*running, *waiting], key=lambda r: (self.deadline(r), r.arrival_order))
+
+
+class LPMPolicy(Policy):
+    """Longest prefix match first (SGLang's cache-aware order): waiting requests whose prompt has the most tokens in
+    the prefix cache go first, so shared prefixes are reused before they are evicted. Aging: every second of
+    waiting counts as `aging_tokens_per_s` matched tokens, so unmatched requests are not starved. Needs
+    enable_prefix_caching to differ from FCFS."""
+
+    name = "lpm"
+
+    def __init__(self, aging_tokens_per_s: float = 256.0, victim: str = "rank",
+                 reserve_to_completion: bool | None = None):
+        super().__init__(victim, reserve_to_completion)
+        self.aging_tokens_per_s = aging_tokens_per_s
+
+    def rank(self, running, waiting, now):
+        sched = self.scheduler
+        if sched is None or not sched.pool.enable_caching:
+            return super().rank(running, waiting, now)
+
+        def score(r: Request) -> float:
+            waited = now - r.metrics.arrival_time
+            return sched.cached_prefix_tokens(r) + self.aging_tokens_per_s * waited
+
+        return _by_admission(running) + sorted(waiting, key=lambda r: (-score(r), r.arrival_order))
+
+
+POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (
+    Policy, StaticPolicy, PrefillFirstPolicy, SarathiPolicy, PriorityPolicy, ThreeLevelPolicy, SJFPolicy,
+    SRPTOraclePolicy, MLFQPolicy, FairSharePolicy, EDFPolicy, LPMPolicy)}
+
+
+def make_policy(name: str, options: dict | None = None, **context) -> Policy:
+    """Build a policy by name. `options` are the user's (EngineConfig.policy_options): an option the policy does
+    not take is an error. `context` (max_num_seqs, batch_timeout_s, ...) is offered to every policy and passed to
+    those whose constructor takes it."""
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; known: {sorted(POLICIES)}")
     cls = POLICIES[name]
-    import inspect
-
     accepted = inspect.signature(cls.__init__).parameters
-    return cls(**{k: v for k, v in options.items() if k in accepted})
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(accepted) - {"self"})
+    if unknown:
+        known = sorted(set(accepted) - {"self"})
+        raise ValueError(f"policy {name!r} takes no option(s) {unknown}; its options: {known}")
+    kwargs = {k: v for k, v in context.items() if k in accepted}
+    kwargs.update(options)
+    return cls(**kwargs)

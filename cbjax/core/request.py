@@ -8,7 +8,7 @@ from cbjax.core.sampling_params import SamplingParams
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
-    PREEMPTED = "preempted"  # back in the waiting queue; its KV was freed and will be recomputed
+    PREEMPTED = "preempted"  # back in the waiting queue; its KV was freed (recompute) or moved to host (swap)
     FINISHED = "finished"
 
 
@@ -27,11 +27,13 @@ class Request:
     __slots__ = (
         "request_id", "prompt_token_ids", "params", "status", "output_token_ids", "all_token_ids",
         "num_computed_tokens", "pages", "finish_reason", "metrics", "seed", "arrival_order", "num_preemptions",
-        "priority", "tenant", "error",
+        "priority", "tenant", "error", "deadline", "host_pages", "page_hashes", "num_registered_pages",
+        "admission_order", "last_scheduled_time", "num_served_tokens", "policy_state",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float,
-                 seed: int, arrival_order: int, priority: int = 0, tenant: str = "default"):
+                 seed: int, arrival_order: int, priority: int = 0, tenant: str = "default",
+                 deadline: float | None = None):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.params = params
@@ -49,6 +51,14 @@ class Request:
         self.priority = priority
         self.tenant = tenant
         self.error: str | None = None
+        self.deadline = deadline  # absolute, on the engine's clock (edf)
+        self.host_pages: list[int] = []  # swapped out: the host pages holding the KV of the computed tokens
+        self.page_hashes: list[int] = []  # prefix cache: chained hash of each full page of the context so far
+        self.num_registered_pages = 0  # pages[:n] are in the prefix cache (or were offered to it)
+        self.admission_order = -1  # increases with every admission (running order, victim choice)
+        self.last_scheduled_time = arrival_time  # when the request last got tokens (aging, starvation guards)
+        self.num_served_tokens = 0  # tokens computed for it, recomputes included (mlfq, fair share)
+        self.policy_state = None  # whatever the policy keeps per request (mlfq: level and attained service)
 
     @property
     def num_tokens(self) -> int:
@@ -61,6 +71,14 @@ class Request:
     @property
     def num_uncomputed_tokens(self) -> int:
         return len(self.all_token_ids) - self.num_computed_tokens
+
+    @property
+    def num_remaining_output_tokens(self) -> int:
+        return self.params.max_tokens - len(self.output_token_ids)
+
+    @property
+    def is_swapped(self) -> bool:
+        return bool(self.host_pages)
 
     @property
     def is_finished(self) -> bool:

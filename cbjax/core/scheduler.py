@@ -5,12 +5,11 @@ computes its next uncomputed tokens: a whole prompt, a prompt chunk, one decode 
 preempted sequence are all the same operation. A sequence whose chunk reaches the end of its context samples one
 new token. Finished sequences leave at `update`, so their slot and pages serve the very next step.
 """
-import collections
 import dataclasses
 from collections.abc import Sequence
 
 from cbjax.core.clock import Clock
-from cbjax.core.page_pool import PagePool
+from cbjax.core.page_pool import PagePool, chain_hashes
 from cbjax.core.policies import Policy, make_policy
 from cbjax.core.request import FinishReason, Request, RequestStatus
 
@@ -22,17 +21,25 @@ class SchedulerConfig:
     page_size: int = 16  # tokens per KV page
     num_pages: int = 1024  # pages in the pool
     max_model_len: int = 2048  # prompt + output tokens of one sequence
-    policy: str = "fcfs"
-    enable_chunked_prefill: bool = True
+    policy: str = "fcfs"  # a name in cbjax.core.policies.POLICIES
+    policy_options: dict = dataclasses.field(default_factory=dict)  # the policy's constructor options
+    enable_chunked_prefill: bool = True  # policies that do not say otherwise may split prompts over steps
     # Pages kept free at admission so running sequences can grow without an immediate preemption.
     watermark_pages: int = 0
     # static: a new batch waits until full or until its oldest request waited this long (0: start at once).
     static_batch_timeout_s: float = 0.0
+    preemption_mode: str = "recompute"  # recompute: drop the KV | swap: move it to host pages, bring it back
+    num_host_pages: int = 0  # swap: host pool size in pages; a victim that does not fit is recomputed
+    enable_prefix_caching: bool = False  # reuse full KV pages of identical prefixes (chained page hashes)
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "page_size", "num_pages", "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
+        if self.num_host_pages < 0:
+            raise ValueError(f"num_host_pages must be >= 0, got {self.num_host_pages}")
 
 
 @dataclasses.dataclass
@@ -49,6 +56,9 @@ class SchedulerOutput:
     num_batched_tokens: int
     preempted: list[Request]
     time: float
+    # KV pages to copy before the step runs, swap-outs first: (device page, host page) and (host page, device page).
+    swap_out: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    swap_in: list[tuple[int, int]] = dataclasses.field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
@@ -59,19 +69,49 @@ def pages_for(num_tokens: int, page_size: int) -> int:
     return -(-num_tokens // page_size)
 
 
+@dataclasses.dataclass
+class _Placement:
+    """How a request would get its pages this step: prefix-cache hits, pages swapped back in, fresh pages."""
+
+    num_computed: int  # tokens in the cache once hits / swapped pages are in place
+    num_new_tokens: int
+    hits: list[int]
+    num_new_pages: int
+    num_revived: int  # hit pages that are evictable now: taking them uses up free pages too
+    num_swapped_in: int  # device pages for the KV coming back from host
+
+    @property
+    def pages_needed(self) -> int:
+        return self.num_new_pages + self.num_revived + self.num_swapped_in
+
+
 class Scheduler:
+    """Walks the policy's ranking each step, giving each request its next chunk while the token budget and the
+    slots last; preempts (by recompute or swap) when pages run out; admits waiting requests with prefix-cache hits.
+    The counters (preemptions, swapped pages, recomputed tokens) are cumulative; the engine reports per-step
+    differences."""
+
     def __init__(self, config: SchedulerConfig, clock: Clock, policy: Policy | None = None):
         self.config = config
         self.clock = clock
-        self.policy = policy or make_policy(config.policy, max_num_seqs=config.max_num_seqs,
+        self.policy = policy or make_policy(config.policy, config.policy_options, max_num_seqs=config.max_num_seqs,
                                             batch_timeout_s=config.static_batch_timeout_s)
-        self.pool = PagePool(config.num_pages)
-        self.waiting: collections.deque[Request] = collections.deque()
+        self.policy.scheduler = self
+        self.pool = PagePool(config.num_pages, enable_caching=config.enable_prefix_caching)
+        swap = config.preemption_mode == "swap" and config.num_host_pages > 0
+        self.host_pool = PagePool(config.num_host_pages) if swap else None
+        self.waiting: list[Request] = []
         self.running: list[Request] = []  # in admission order
+        self._num_admissions = 0
         self.num_preemptions = 0
+        self.num_swap_preemptions = 0
+        self.num_swapped_out_pages = 0
+        self.num_swapped_in_pages = 0
+        self.num_recomputed_tokens = 0  # computed tokens whose KV a recompute preemption dropped
 
     # ---- queue management -------------------------------------------------------------------------------------
     def add(self, request: Request) -> None:
+        self.policy.on_arrival(request, self.clock.now())
         self.waiting.append(request)
 
     def abort(self, request: Request) -> None:
@@ -87,95 +127,205 @@ class Scheduler:
     def can_ever_fit(self, num_tokens: int) -> bool:
         return num_tokens <= self.config.max_model_len and pages_for(num_tokens, self.config.page_size) <= self.config.num_pages
 
+    def next_event_time(self) -> float | None:
+        """When the policy will admit although no request arrives or finishes (a static batch's timeout)."""
+        return self.policy.next_event_time(self.running, self.waiting)
+
+    def cached_prefix_tokens(self, req: Request) -> int:
+        """Tokens of the request's context a fresh admission would find in the prefix cache."""
+        return len(self._lookup(req)) * self.config.page_size
+
     # ---- one step ---------------------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        cfg = self.config
-        budget = cfg.max_num_batched_tokens
-        scheduled: list[ScheduledSeq] = []
-        preempted: list[Request] = []
+        cfg, policy = self.config, self.policy
         now = self.clock.now()
+        out = SchedulerOutput([], 0, [], now)
+        budget = cfg.max_num_batched_tokens
+        self._host_frees: list[int] = []  # host pages read by this step's swap-ins: reusable from the next step
 
-        if self.policy.admits_whole_batch and self.policy.may_admit(self.running, self.waiting, now):
-            while self.waiting and len(self.running) < cfg.max_num_seqs:
-                req = self.waiting.popleft()
-                req.status = RequestStatus.RUNNING
-                self.running.append(req)
+        may_admit = policy.may_admit(self.running, self.waiting, now)
+        if policy.admits_whole_batch:
+            if may_admit:
+                for req in policy.rank([], self.waiting, now)[:cfg.max_num_seqs - len(self.running)]:
+                    self._admit(req)
+            may_admit = False
 
-        i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            n = self._num_new_tokens(req, budget)
-            if n == 0:
-                i += 1
+        order = policy.rank(self.running, self.waiting, now)
+        preempted_now: set[int] = set()
+        pressure = False  # a running sequence lacked pages: admit nothing more this step
+        for idx, req in enumerate(order):
+            if budget <= 0:
+                break
+            if id(req) in preempted_now:
                 continue
-            need = pages_for(req.num_computed_tokens + n, cfg.page_size) - len(req.pages)
-            while not self.pool.can_allocate(need):
-                victim = self.policy.choose_victim(self.running[i:])
-                self._preempt(victim)
-                preempted.append(victim)
-                if victim is req:
-                    break
-            if req.status is not RequestStatus.RUNNING:
-                continue  # it preempted itself; the list shifted under index i
-            req.pages.extend(self.pool.allocate(need))
-            scheduled.append(self._scheduled(req, n, now))
-            budget -= n
-            i += 1
+            waiting = req.status is not RequestStatus.RUNNING
+            if waiting and (not may_admit or pressure):
+                continue
+            place = self._placement(req, budget)
+            if place is None:
+                may_admit = may_admit and not waiting  # a whole prompt waits for a step with room, and so do those after it
+                continue
+            target = place.pages_needed + (cfg.watermark_pages if waiting and self.running else 0)
+            if waiting and len(self.running) >= cfg.max_num_seqs:
+                if not self._preempt_lower(req, order, idx, out, preempted_now, need_slot=True, target=target):
+                    may_admit = False
+                    continue
+                place = self._placement(req, budget)  # the victim's release may have turned hits evictable
+                target = place.pages_needed + (cfg.watermark_pages if self.running else 0)
+            if not self.pool.can_allocate(target):
+                pressure = pressure or not waiting
+                self._preempt_lower(req, order, idx, out, preempted_now, need_slot=False, target=target)
+                place = self._placement(req, budget)
+                target = place.pages_needed + (cfg.watermark_pages if waiting and self.running else 0)
+                if not self.pool.can_allocate(target):
+                    if waiting:
+                        may_admit = False  # head-of-line: no later request jumps ahead for lack of pages
+                    else:
+                        self._preempt(req, out)  # nothing ranked below it to free pages: it yields its own
+                        preempted_now.add(id(req))
+                    continue
+            if waiting:
+                self._admit(req)
+            self._place(req, place, out)
+            out.seqs.append(ScheduledSeq(req, place.num_computed, place.num_new_tokens,
+                                         place.num_computed + place.num_new_tokens == req.num_tokens))
+            budget -= place.num_new_tokens
+            if req.metrics.first_scheduled_time is None:
+                req.metrics.first_scheduled_time = now
+            req.last_scheduled_time = now
+            req.num_served_tokens += place.num_new_tokens
+            policy.on_scheduled(req, place.num_new_tokens, now)
 
-        if (not preempted and not self.policy.admits_whole_batch
-                and self.policy.may_admit(self.running, self.waiting, now)):
-            while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
-                idx = self.policy.next_waiting_index(self.waiting)
-                req = self.waiting[idx]
-                n = self._num_new_tokens(req, budget)
-                if n == 0:
-                    break
-                need = pages_for(req.num_computed_tokens + n, cfg.page_size)
-                watermark = cfg.watermark_pages if self.running else 0
-                if not self.pool.can_allocate(need + watermark):
-                    break
-                del self.waiting[idx]
-                req.status = RequestStatus.RUNNING
-                req.pages = self.pool.allocate(need)
-                self.running.append(req)
-                scheduled.append(self._scheduled(req, n, now))
-                budget -= n
+        if self.host_pool is not None:
+            self.host_pool.free(self._host_frees)
+        out.num_batched_tokens = cfg.max_num_batched_tokens - budget
+        return out
 
-        return SchedulerOutput(scheduled, cfg.max_num_batched_tokens - budget, preempted, now)
-
-    def _num_new_tokens(self, req: Request, budget: int) -> int:
-        n = min(req.num_uncomputed_tokens, budget)
-        if n < req.num_uncomputed_tokens and not self.config.enable_chunked_prefill:
+    def _num_new_tokens(self, req: Request, num_computed: int, budget: int) -> int:
+        left = req.num_tokens - num_computed
+        cap = budget if self.policy.chunk_size is None else min(budget, self.policy.chunk_size)
+        n = min(left, cap)
+        chunked = self.policy.chunked_prefill
+        if chunked is None:
+            chunked = self.config.enable_chunked_prefill
+        # Without chunking a context waits for a step with room for all of it, unless no step could ever hold it.
+        if n < left and not chunked and left <= self.config.max_num_batched_tokens:
             return 0
         return n
 
-    def _scheduled(self, req: Request, n: int, now: float) -> ScheduledSeq:
-        if req.metrics.first_scheduled_time is None:
-            req.metrics.first_scheduled_time = now
-        return ScheduledSeq(req, req.num_computed_tokens, n, req.num_computed_tokens + n == req.num_tokens)
+    def _placement(self, req: Request, budget: int) -> _Placement | None:
+        G = self.config.page_size
+        hits: list[int] = []
+        if req.pages:  # running: extend
+            num_computed, have = req.num_computed_tokens, len(req.pages)
+        elif req.host_pages:  # swapped out: its pages come back from host
+            num_computed, have = req.num_computed_tokens, len(req.host_pages)
+        else:  # fresh, recomputing, or admitted in a static batch and not started: the prefix cache may help
+            hits = self._lookup(req)
+            num_computed, have = len(hits) * G, len(hits)
+        n = self._num_new_tokens(req, num_computed, budget)
+        if n == 0:
+            return None
+        total = pages_for(num_computed + n, G)
+        if self.policy.reserve_to_completion and not req.pages:
+            lifetime = min(req.num_prompt_tokens + req.params.max_tokens, self.config.max_model_len)
+            total = max(total, pages_for(lifetime, G))
+        revived = sum(1 for p in hits if self.pool.refcount(p) == 0)
+        swapped_in = len(req.host_pages) if not req.pages else 0
+        return _Placement(num_computed, n, hits, max(0, total - have), revived, swapped_in)
 
-    def _preempt(self, req: Request) -> None:
-        """Preempt by recompute: drop the KV, keep the generated tokens, requeue first in line."""
+    def _lookup(self, req: Request) -> list[int]:
+        if not self.pool.enable_caching:
+            return []
+        G = self.config.page_size
+        # Leave the last token to compute: the step must produce its logits.
+        max_pages = (req.num_tokens - 1) // G
+        chain_hashes(req.all_token_ids, G, req.page_hashes, upto=max_pages * G)
+        return self.pool.lookup(req.page_hashes[:max_pages])
+
+    def _place(self, req: Request, place: _Placement, out: SchedulerOutput) -> None:
+        """Give the request the pages the placement describes."""
+        pool = self.pool
+        if req.host_pages:
+            device = pool.allocate(len(req.host_pages), self.policy.choose_eviction)
+            out.swap_in.extend(zip(req.host_pages, device))
+            self.num_swapped_in_pages += len(device)
+            self._host_frees.extend(req.host_pages)
+            req.host_pages = []
+            req.pages = device
+        elif not req.pages:
+            if pool.enable_caching:
+                pool.record_query(req.num_tokens, len(place.hits) * self.config.page_size)
+            pool.incref(place.hits)
+            req.pages = list(place.hits)
+            req.num_registered_pages = len(place.hits)
+            req.num_computed_tokens = place.num_computed
+        req.pages.extend(pool.allocate(place.num_new_pages, self.policy.choose_eviction))
+
+    def _admit(self, req: Request) -> None:
+        self.waiting.remove(req)
+        req.status = RequestStatus.RUNNING
+        req.admission_order = self._num_admissions
+        self._num_admissions += 1
+        self.running.append(req)
+
+    def _preempt_lower(self, req: Request, order: list[Request], idx: int, out: SchedulerOutput,
+                       preempted_now: set[int], *, need_slot: bool, target: int) -> bool:
+        """Preempt running requests ranked below `req` (as the policy allows) until it has a slot (need_slot) or
+        `target` free pages. Returns whether that was reached; preempts nobody when it cannot be."""
+        lower = [r for r in order[idx + 1:] if r.status is RequestStatus.RUNNING]
+        candidates = self.policy.victims(req, lower)
+        if not candidates:
+            return False
+        if not need_slot and self.pool.num_free + sum(len(c.pages) for c in candidates) < target:
+            return False  # even all of them would not free enough: preempting would only waste their work
+        while candidates:
+            victim = self.policy.choose_victim(candidates, out.time)
+            candidates = [c for c in candidates if c is not victim]
+            self._preempt(victim, out)
+            preempted_now.add(id(victim))
+            if need_slot or self.pool.can_allocate(target):
+                return True
+        return False
+
+    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        """Take a running request off the device. Swap mode moves the KV of its computed tokens to host pages
+        (when the host pool has room); otherwise the KV is dropped and recomputed on resume. Either way it goes
+        back to the waiting queue, keeping its generated tokens."""
         self.running.remove(req)
+        k = pages_for(req.num_computed_tokens, self.config.page_size)
+        host = self.host_pool
+        if host is not None and 0 < k and host.can_allocate(k):
+            req.host_pages = host.allocate(k)
+            out.swap_out.extend(zip(req.pages[:k], req.host_pages))
+            self.num_swapped_out_pages += k
+            self.num_swap_preemptions += 1
+        else:
+            self.num_recomputed_tokens += req.num_computed_tokens
+            req.num_computed_tokens = 0
         self.pool.free(req.pages)
         req.pages = []
-        req.num_computed_tokens = 0
+        req.num_registered_pages = 0
         req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1
         req.metrics.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(req)
+        out.preempted.append(req)
+        self.waiting.append(req)
 
     # ---- after the step ---------------------------------------------------------------------------------------
     def update(self, out: SchedulerOutput, sampled: Sequence[int], eos_token_id: int | None,
                now: float) -> list[Request]:
         """Advance the scheduled sequences by the step's results; return those with a new token or finished."""
         changed = []
+        caching = self.pool.enable_caching
         for seq, token in zip(out.seqs, sampled):
             req = seq.request
             if req.status is not RequestStatus.RUNNING:
                 continue  # aborted while the step ran
             req.num_computed_tokens += seq.num_new_tokens
+            if caching:
+                self._register_full_pages(req)
             if not seq.sample:
                 continue
             token = int(token)
@@ -191,6 +341,15 @@ class Scheduler:
             changed.append(req)
         return changed
 
+    def _register_full_pages(self, req: Request) -> None:
+        """Offer the pages whose every token now has its KV computed to the prefix cache."""
+        G = self.config.page_size
+        full = req.num_computed_tokens // G
+        if full > req.num_registered_pages:
+            chain_hashes(req.all_token_ids, G, req.page_hashes, upto=full * G)
+            for i in range(req.num_registered_pages, full):
+                self.pool.register(req.pages[i], req.page_hashes[i])
+            req.num_registered_pages = full
     def _stop_reason(self, req: Request, token: int, eos_token_id: int | None) -> FinishReason | None:
         p = req.params
         if token in p.stop_token_ids or (not p.ignore_eos and eos_token_id is not None and token == eos_token_id):
@@ -202,6 +361,9 @@ class Scheduler:
     def _finish(self, req: Request, reason: FinishReason, now: float | None = None) -> None:
         self.pool.free(req.pages)
         req.pages = []
+        if req.host_pages:
+            self.host_pool.free(req.host_pages)
+            req.host_pages = []
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         req.metrics.finished_time = self.clock.now() if now is None else now

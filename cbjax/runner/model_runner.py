@@ -9,11 +9,17 @@ from flax import nnx
 
 from cbjax.core.scheduler import SchedulerOutput
 from cbjax.model.llama import AttentionMetadata, Llama
+from cbjax.runner import kv_swap
 from cbjax.runner.sampler import sample
 from cbjax.runner.step_input import BucketTable, StepInput, empty_step_input, pack_step
 
 # Incremented while tracing, i.e. once per compiled program: the runner's compile counter reads it.
 _TRACES = [0]
+
+
+def _num_traces() -> int:
+    """Compiles so far of the step and of the swap programs (kv_swap keeps its own counter)."""
+    return _TRACES[0] + kv_swap.TRACES[0]
 
 
 class _Static:
@@ -61,10 +67,15 @@ class ModelRunner:
 
     The KV cache is `num_pages + 1` pages per layer ([K, P+1, G, H] for K and V each): the extra page takes the
     writes of padding tokens, so they never touch a live page.
+
+    With `num_host_pages > 0` the runner also owns a host-memory pool of that many KV pages, the target of the
+    scheduler's swap-outs (preemption by swap); 0 disables swapping. Swaps move at most `swap_pages_per_call`
+    pages per device call (see kv_swap.page_buckets).
     """
 
     def __init__(self, model: Llama, *, num_pages: int, page_size: int, buckets: BucketTable,
-                 backend: str = "reference", interpret: bool = False):
+                 backend: str = "reference", interpret: bool = False, num_host_pages: int = 0,
+                 swap_pages_per_call: int = kv_swap.MAX_PAGES_PER_CALL):
         cfg = model.cfg
         self.cfg = cfg
         self.model = model
@@ -81,29 +92,80 @@ class ModelRunner:
         shape = (cfg.num_kv_heads, num_pages + 1, page_size, cfg.dim_per_head)
         dt = jnp.dtype(cfg.dtype)
         self.kv_caches = [(jnp.zeros(shape, dt), jnp.zeros(shape, dt)) for _ in range(cfg.num_layers)]
+        if num_host_pages < 0:
+            raise ValueError(f"num_host_pages must be >= 0, got {num_host_pages}")
+        self.num_host_pages = num_host_pages
+        self.host_pool = None if num_host_pages == 0 else kv_swap.HostKVPool(
+            num_host_pages, num_device_pages=num_pages, num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads,
+            page_size=page_size, head_dim=cfg.dim_per_head, dtype=dt, max_pages_per_call=swap_pages_per_call)
         self.num_compiles = 0
         self.last_host_s = 0.0
         self.last_device_s = 0.0
+        self.last_padded_tokens = 0
+        self._reset_swap_stats()
+        self.swap_out_bytes_total = 0
+        self.swap_in_bytes_total = 0
 
     def _run(self, inp: StepInput):
-        before = _TRACES[0]
+        before = _num_traces()
         tokens, self.kv_caches = _step(self.params, self.kv_caches, inp, graphdef=self.graphdef,
                                        backend=self.backend, interpret=self.interpret)
-        self.num_compiles += _TRACES[0] - before
+        self.num_compiles += _num_traces() - before
         return tokens
 
+    def _reset_swap_stats(self) -> None:
+        self.last_swap_s = 0.0
+        self.last_swap_out_bytes = 0
+        self.last_swap_in_bytes = 0
+
     def warmup(self) -> float:
-        """Compile every (token bucket, page bucket) shape; returns seconds spent."""
+        """Compile every token bucket's step, and every swap bucket when swapping is on; returns seconds spent."""
         t0 = time.perf_counter()
         b = self.buckets
         for T in b.token_buckets:
             self._run(empty_step_input(T, b.slots(T), b.pages_per_seq, self.pad_page, self.page_size)
                       ).block_until_ready()
+        if self.host_pool is not None:
+            before = _num_traces()
+            self.kv_caches = self.host_pool.warmup(self.kv_caches)
+            self.num_compiles += _num_traces() - before
         return time.perf_counter() - t0
 
-    def execute(self, out: SchedulerOutput) -> np.ndarray:
-        """Run one step; returns one sampled token per scheduled sequence (ignored where it does not sample)."""
+    def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
+        """Copy KV pages between device and host: every (device page, host page) of `swap_out` first, then every
+        (host page, device page) of `swap_in`, so a swap-in may reuse a device page freed by a swap-out. Returns
+        once the copies are done. Raises ValueError (before copying anything) without a host pool, for page
+        indices out of range, or for a destination page written twice."""
+        if self.host_pool is None:
+            raise ValueError("KV swap needs a host pool, but this runner has num_host_pages=0 (swap disabled)")
+        pool = self.host_pool
+        out_dev, out_host, in_host, in_dev = pool.check(swap_out, swap_in)
         t0 = time.perf_counter()
+        before = _num_traces()
+        if len(out_dev):
+            pool.swap_out(self.kv_caches, out_dev, out_host)  # waits for the host copy
+        if len(in_host):
+            self.kv_caches = pool.swap_in(self.kv_caches, in_host, in_dev)
+            jax.block_until_ready(self.kv_caches)  # so last_swap_s holds the whole copy, not just its dispatch
+        self.num_compiles += _num_traces() - before
+        self.last_swap_s = time.perf_counter() - t0
+        self.last_swap_out_bytes = len(out_dev) * pool.bytes_per_page
+        self.last_swap_in_bytes = len(in_host) * pool.bytes_per_page
+        self.swap_out_bytes_total += self.last_swap_out_bytes
+        self.swap_in_bytes_total += self.last_swap_in_bytes
+
+    def execute(self, out: SchedulerOutput) -> np.ndarray:
+        """Run one step: the step's KV swaps first (if any), then the forward pass (if any sequence is scheduled).
+        Returns one sampled token per scheduled sequence (ignored where it does not sample)."""
+        if out.swap_out or out.swap_in:
+            self.swap(out.swap_out, out.swap_in)
+        else:
+            self._reset_swap_stats()
+        if not out.seqs:  # a swap-only step
+            self.last_host_s = self.last_device_s = 0.0
+            self.last_padded_tokens = 0
+            return np.empty(0, np.int32)
+        t0 = time.perf_counter()  # after the swaps: last_host_s is the packing and dispatch only
         inp, order = pack_step(out, self.buckets, self.pad_page)
         tokens = self._run(inp)
         t1 = time.perf_counter()

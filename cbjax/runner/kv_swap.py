@@ -1,0 +1,147 @@
+"""Preemption by swap, the runner side: a host-memory pool of KV pages and the device-side page gather / scatter.
+
+A swapped-out page travels as one block holding every layer's K and V: [L, 2, K, G, H]. The host pool stores pages
+contiguously ([NP, L, 2, K, G, H], NP host pages), so writing or reading one page is a single memcpy.
+
+Each device call moves a bucketed number of pages (powers of two up to a cap), so there are only a few compiled
+programs and warmup compiles all of them. Lists longer than the cap run as several calls of cap pages. Padding
+entries gather from, and scatter to, the spare page `pad_page`, whose content is garbage by design.
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# Incremented while tracing, i.e. once per compiled swap program; the runner adds it to its compile count.
+TRACES = [0]
+
+# Smallest bucket: below this the per-call overhead dominates, and fewer buckets mean fewer programs to compile.
+MIN_BUCKET = 4
+# Largest bucket (pages per call): 64 pages bounds both the staging buffers and the padding waste of one call.
+MAX_PAGES_PER_CALL = 64
+
+
+@jax.jit
+def _gather(kv_caches, idx):
+    """kv_caches: L x ([K, P+1, G, H], same); idx: [n] int32 device pages -> [n, L, 2, K, G, H]."""
+    TRACES[0] += 1
+    pages = jnp.stack([jnp.stack([k[:, idx], v[:, idx]]) for k, v in kv_caches])  # [L, 2, K, n, G, H]
+    return jnp.moveaxis(pages, 3, 0)
+
+
+# Donated like the runner's step, so the scatter updates the cache in place instead of copying every page.
+@functools.partial(jax.jit, donate_argnums=(0,))
+def _scatter(kv_caches, idx, pages):
+    """Write pages [n, L, 2, K, G, H] into device pages idx [n]; returns the updated caches."""
+    TRACES[0] += 1
+    pages = jnp.moveaxis(pages, 0, 3)  # [L, 2, K, n, G, H]
+    return [(k.at[:, idx].set(pages[l, 0]), v.at[:, idx].set(pages[l, 1])) for l, (k, v) in enumerate(kv_caches)]
+
+
+def page_buckets(num_device_pages: int, cap: int = MAX_PAGES_PER_CALL) -> tuple[int, ...]:
+    """Pages per device call: powers of two from MIN_BUCKET up to min(cap, num_device_pages rounded up)."""
+    top = min(cap, 1 << max(0, num_device_pages - 1).bit_length())
+    out, b = [], MIN_BUCKET
+    while b < top:
+        out.append(b)
+        b *= 2
+    out.append(top)
+    return tuple(sorted(set(out)))
+
+
+class HostKVPool:
+    """`num_host_pages` KV pages in host memory, and the copies between them and the device cache.
+
+    Indices are not tracked here: the scheduler decides which host page holds what; this class only validates
+    and copies.
+    """
+
+    def __init__(self, num_host_pages: int, *, num_device_pages: int, num_layers: int, num_kv_heads: int,
+                 page_size: int, head_dim: int, dtype, max_pages_per_call: int = MAX_PAGES_PER_CALL):
+        if num_host_pages < 1:
+            raise ValueError(f"num_host_pages must be >= 1, got {num_host_pages}")
+        self.num_host_pages = num_host_pages
+        self.num_device_pages = num_device_pages
+        self.pad_page = num_device_pages
+        self.page_shape = (num_layers, 2, num_kv_heads, page_size, head_dim)  # [L, 2, K, G, H]
+        self.dtype = np.dtype(jnp.dtype(dtype))
+        # Allocated up front: the user sized the pool (swap_space_gib), and a failure should come at start-up.
+        self.host = np.empty((num_host_pages, *self.page_shape), self.dtype)  # [NP, L, 2, K, G, H]
+        self.bytes_per_page = int(np.prod(self.page_shape)) * self.dtype.itemsize
+        self.buckets = page_buckets(num_device_pages, max_pages_per_call)
+
+    # ---- validation -------------------------------------------------------------------------------------------
+    def check(self, swap_out, swap_in) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Validate both lists (before any copy runs) and return them as int32 index arrays:
+        (out device pages, out host pages, in host pages, in device pages)."""
+        out_dev, out_host = self._pairs(swap_out, "swap_out", "device", "host")
+        in_host, in_dev = self._pairs(swap_in, "swap_in", "host", "device")
+        self._in_range(out_dev, self.num_device_pages, "swap_out", "device")
+        self._in_range(out_host, self.num_host_pages, "swap_out", "host")
+        self._in_range(in_host, self.num_host_pages, "swap_in", "host")
+        self._in_range(in_dev, self.num_device_pages, "swap_in", "device")
+        # Two copies into one destination page would leave one of them lost: always a caller's bug.
+        self._unique(out_host, "swap_out", "host")
+        self._unique(in_dev, "swap_in", "device")
+        return out_dev, out_host, in_host, in_dev
+
+    @staticmethod
+    def _pairs(pairs, name: str, src: str, dst: str) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            a = np.asarray([(int(s), int(d)) for s, d in pairs], np.int64).reshape(-1, 2)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must be a list of ({src} page, {dst} page) integer pairs") from None
+        return a[:, 0], a[:, 1]
+
+    @staticmethod
+    def _in_range(idx: np.ndarray, n: int, name: str, kind: str) -> None:
+        bad = idx[(idx < 0) | (idx >= n)]
+        if bad.size:
+            raise ValueError(f"{name}: {kind} page indices outside [0, {n}): {bad[:5].tolist()}")
+
+    @staticmethod
+    def _unique(idx: np.ndarray, name: str, kind: str) -> None:
+        vals, counts = np.unique(idx, return_counts=True)
+        if (counts > 1).any():
+            raise ValueError(f"{name}: {kind} pages written more than once: {vals[counts > 1][:5].tolist()}")
+
+    # ---- copies -----------------------------------------------------------------------------------------------
+    def _chunks(self, n: int):
+        """(start, stop, bucket) for each device call that moves n pages."""
+        cap = self.buckets[-1]
+        for lo in range(0, n, cap):
+            m = min(cap, n - lo)
+            yield lo, lo + m, next(b for b in self.buckets if m <= b)
+
+    def _padded(self, idx: np.ndarray, bucket: int) -> np.ndarray:
+        out = np.full(bucket, self.pad_page, np.int32)
+        out[:len(idx)] = idx
+        return out
+
+    def swap_out(self, kv_caches, device_pages: np.ndarray, host_pages: np.ndarray) -> None:
+        """Copy device pages -> host pages (validated indices). Returns once the host pool holds the data."""
+        chunks = list(self._chunks(len(device_pages)))
+        # Dispatch every gather first, then fetch them in one device_get: the transfers overlap.
+        gathered = [_gather(kv_caches, self._padded(device_pages[lo:hi], b)) for lo, hi, b in chunks]
+        for (lo, hi, _), pages in zip(chunks, jax.device_get(gathered)):
+            self.host[host_pages[lo:hi]] = pages[:hi - lo]  # the padding rows (spare page) are dropped here
+
+    def swap_in(self, kv_caches, host_pages: np.ndarray, device_pages: np.ndarray):
+        """Copy host pages -> device pages (validated indices); returns the new caches (the old are donated)."""
+        for lo, hi, b in self._chunks(len(host_pages)):
+            m = hi - lo
+            staged = np.empty((b, *self.page_shape), self.dtype)
+            staged[:m] = self.host[host_pages[lo:hi]]
+            staged[m:] = 0  # goes to the spare page; zeros rather than whatever np.empty held (no stray NaN)
+            kv_caches = _scatter(kv_caches, self._padded(device_pages[lo:hi], b), staged)
+        return kv_caches
+
+    def warmup(self, kv_caches):
+        """Compile the gather and the scatter of every bucket, touching only the spare page; returns the caches."""
+        for b in self.buckets:
+            idx = np.full(b, self.pad_page, np.int32)
+            jax.block_until_ready(_gather(kv_caches, idx))
+            kv_caches = _scatter(kv_caches, idx, np.zeros((b, *self.page_shape), self.dtype))
+        jax.block_until_ready(kv_caches)
+        return kv_caches

@@ -1,0 +1,71 @@
+"""A pure-Python stand-in for the model runner that makes scheduler bugs visible in the tokens.
+
+The "KV cache" holds, per (page, offset), the token and position written there. A step first runs the swaps, then
+writes every scheduled token's entry, then each sampling sequence reads its whole context back through its page
+table and "samples" `next_token(context)`. A wrong page table, a page reused while still live, a lost swap, a
+prefix-cache hit on the wrong page: each changes what is read back, so the tokens differ from `reference`, which
+applies `next_token` to the true context. Writes into a page another sequence also holds are refused outright:
+shared (prefix-cached) pages are read-only.
+"""
+from cbjax.core.scheduler import Scheduler, SchedulerOutput
+
+
+def next_token(context: tuple, vocab_size: int) -> int:
+    h = 0
+    for token, pos in context:
+        h = (h * 1_000_003 + token * 31 + pos) % 2**61
+    return h % vocab_size
+
+
+def reference(prompt: list[int], max_tokens: int, vocab_size: int, eos: int | None,
+              max_model_len: int) -> list[int]:
+    """The tokens a correct engine generates for `prompt` (greedy; stops on eos, max_tokens or max_model_len)."""
+    ctx, out = list(prompt), []
+    while True:
+        t = next_token(tuple((tok, i) for i, tok in enumerate(ctx)), vocab_size)
+        out.append(t)
+        ctx.append(t)
+        if t == eos or len(out) >= max_tokens or len(ctx) >= max_model_len:
+            return out
+
+
+class FakeRunner:
+    def __init__(self, scheduler: Scheduler, vocab_size: int):
+        self.sched = scheduler
+        self.G = scheduler.config.page_size
+        self.vocab_size = vocab_size
+        self.kv: dict[tuple[int, int], tuple[int, int]] = {}
+        self.host: dict[tuple[int, int], tuple[int, int]] = {}
+        self.pages_swapped_out = 0
+        self.pages_swapped_in = 0
+
+    def execute(self, out: SchedulerOutput) -> list[int]:
+        G = self.G
+        out_pages = [d for d, _ in out.swap_out]
+        assert len(set(out_pages)) == len(out_pages), "a device page swapped out twice in one step"
+        for dev, host in out.swap_out:
+            for o in range(G):
+                self.host[host, o] = self.kv.get((dev, o))
+        for host, dev in out.swap_in:
+            for o in range(G):
+                self.kv[dev, o] = self.host.pop((host, o))
+        self.pages_swapped_out += len(out.swap_out)
+        self.pages_swapped_in += len(out.swap_in)
+        # The pages this step's sequences hold, to check that nobody writes a page someone else reads.
+        holders: dict[int, int] = {}
+        for seq in out.seqs:
+            for p in seq.request.pages:
+                holders[p] = holders.get(p, 0) + 1
+        for seq in out.seqs:
+            r, c, k = seq.request, seq.num_computed, seq.num_new_tokens
+            for pos in range(c, c + k):
+                page = r.pages[pos // G]
+                assert self.sched.pool.refcount(page) == 1 and holders[page] == 1, (
+                    f"{r.request_id} writes position {pos} into shared page {page}")
+                self.kv[page, pos % G] = (r.all_token_ids[pos], pos)
+        tokens = []
+        for seq in out.seqs:
+            r, n = seq.request, seq.num_computed + seq.num_new_tokens
+            ctx = tuple(self.kv.get((r.pages[p // G], p % G)) for p in range(n))
+            tokens.append(next_token(ctx, self.vocab_size) if None not in ctx else -1)
+        return tokens

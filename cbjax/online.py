@@ -101,6 +101,8 @@ class OnlineResult:
     interrupted: bool = False
     num_not_arrived: int = 0  # workload requests whose arrival time had not come when the run was interrupted
     wall_s: float = 0.0  # real seconds the loop ran (on a virtual clock: how long the simulation took)
+    # request id -> generated token ids, for completed requests (checks that policies agree on the outputs)
+    output_token_ids: dict[str, list[int]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -341,5 +343,7 @@ def run_online(engine, workload: Sequence[WorkloadRequest], *, client: ClientBat
     finally:
         engine.runner = original_runner
     steps = [StepRecord(**{**s, "time": s["time"] - run.t0}) for s in engine.step_records[first_step:]]
+    outputs = {rid: list(out.outputs[0].token_ids) for rid, out in run.finished.items()
+               if out.outputs[0].finish_reason in ("stop", "length")}
     return OnlineResult(run.request_records(), steps, interrupted,
-                        len(run.pending) if interrupted or cut else 0, time.perf_counter() - wall0)
+                        len(run.pending) if interrupted or cut else 0, time.perf_counter() - wall0, outputs)

@@ -37,6 +37,7 @@ a field that is missing or None takes its default; an unknown field is an error,
   long_threshold  requests without a preset class (mixed preset, or length_class in a JSONL line) are "long"
                   when prompt_len + max_tokens > long_threshold (default 1024), judged before clipping
   deadline_s      if set, requests without a deadline get deadline = arrival_time + deadline_s
+  tenant_priority mapping tenant -> priority (lower is more important); requests of a listed tenant get it
 """
 
 from __future__ import annotations
@@ -784,7 +785,7 @@ def save_peers_json(requests: Iterable[WorkloadRequest], path: str | os.PathLike
 _CONFIG_FIELDS = (
     "kind", "num_requests", "seed", "arrival", "request_rate", "burstiness", "vocab_size", "low_id",
     "prompt_len", "output_len", "scale", "num_prefixes", "prefix_len", "tenant_per_prefix", "path",
-    "max_model_len", "long_threshold", "deadline_s",
+    "max_model_len", "long_threshold", "deadline_s", "tenant_priority",
 )
 _GENERATED = ("synthetic", "mixed", "shared_prefix")
 
@@ -793,7 +794,8 @@ def make_workload(cfg: Any, *, tokenize: Tokenize | None = None) -> list[Workloa
     """Build the workload described by `cfg` (fields in the module docstring), sorted by arrival time.
 
     Order of operations: requests (generated or loaded, first `num_requests`, length_class decided) ->
-    arrival times -> `clip_to_max_model_len` -> deadlines. `tokenize` is only used for text in trace files.
+    arrival times -> `clip_to_max_model_len` -> deadlines -> tenant priorities. `tokenize` is only used for text in
+    trace files.
     """
     _check_fields(cfg, _CONFIG_FIELDS, "workload config")
     kind = _get(cfg, "kind")
@@ -882,6 +884,11 @@ def make_workload(cfg: Any, *, tokenize: Tokenize | None = None) -> list[Workloa
         reqs = [clip_to_max_model_len(r, max_model_len) for r in reqs]
     if deadline_s is not None:
         reqs = [r if r.deadline is not None else dataclasses.replace(r, deadline=r.arrival_time + deadline_s)
+                for r in reqs]
+    tenant_priority = _get(cfg, "tenant_priority")
+    if tenant_priority is not None:
+        tenant_priority = {str(t): _as_int(p, f"tenant_priority[{t!r}]") for t, p in dict(tenant_priority).items()}
+        reqs = [dataclasses.replace(r, priority=tenant_priority[r.tenant]) if r.tenant in tenant_priority else r
                 for r in reqs]
     reqs.sort(key=lambda r: r.arrival_time)  # stable: ties keep their generation / file order
     return reqs

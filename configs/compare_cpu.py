@@ -19,8 +19,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.step_cost_ms = 0.0  # virtual clock: fixed cost of every step; 0: each step's measured wall time
 
     c.horizon_s = config_dict.placeholder(float)  # end each run here (s); unfinished requests count as not completed
-    # Per-policy constructor options, e.g. c.policy_options.priority = dict(aging_s=5.0) (docs/policies.md).
+    # Per-entry constructor options of the policy, e.g. c.policy_options.priority = dict(aging_s=5.0)
+    # (docs/policies.md lists each policy's options).
     c.policy_options = ml_collections.ConfigDict()
+    # Named engine variants usable as entries of `policies`: label -> dict(policy=NAME, engine overrides...),
+    # e.g. c.variants.fcfs_swap = dict(policy="fcfs", preemption_mode="swap").
+    c.variants = ml_collections.ConfigDict()
 
     # Engine options: cbjax.engine.EngineConfig's fields. Each entry of `policies` sets the engine's policy.
     e = c.engine = ml_collections.ConfigDict()

@@ -6,20 +6,11 @@ continuous/static output-throughput ratio. About 3-4 minutes on 2 CPU cores (com
 Offline (every request at t=0) so throughput is the engine's, not the arrival rate's. Every field not set here is
 compare_cpu.py's (see the comments there).
 """
-import importlib.util
-import os
-
-
-def _base():
-    # Config files are loaded by path, not as a package: load the sibling by path too.
-    spec = importlib.util.spec_from_file_location("compare_cpu", os.path.join(os.path.dirname(__file__), "compare_cpu.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+from cbjax.config_files import sibling_config
 
 
 def get_config():
-    c = _base()
+    c = sibling_config(__file__, "compare_cpu.py")
     c.run_name = "compare_mixed"  # results/compare_mixed/
     c.policies = ("static", "fcfs")  # time_window equals static when everything arrives at once
     c.engine.static_batch_timeout_s = 0.0  # offline: a static batch starts with whatever waits (max_num_seqs)

@@ -4,20 +4,11 @@
 
 Every field not set here is compare_cpu.py's (see the comments there).
 """
-import importlib.util
-import os
-
-
-def _base():
-    # Config files are loaded by path, not as a package: load the sibling by path too.
-    spec = importlib.util.spec_from_file_location("compare_cpu", os.path.join(os.path.dirname(__file__), "compare_cpu.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+from cbjax.config_files import sibling_config
 
 
 def get_config():
-    c = _base()
+    c = sibling_config(__file__, "compare_cpu.py")
     c.model = "test-tiny"  # 2 layers, vocab 512: compiles in seconds
     c.run_name = "compare_tiny"  # results/compare_tiny/
     c.clock = "virtual"  # simulated time: reproducible, never sleeps

@@ -40,8 +40,38 @@ COLUMNS = (
     ("goodput", "goodput", "{:.2f}"),
     ("slots", "slot_occupancy_mean", "{:.0%}"),
     ("preempt", "request_preemptions", "{:d}"),
+    ("recomp tok", "recomputed_tokens", "{:d}"),
+    ("swap MB", "swap_mb", "{:.1f}"),
+    ("hit rate", "prefix_cache_hit_rate", "{:.0%}"),
     ("long done", "long_completion_rate", "{:.0%}"),
+    ("same out", "same_outputs", "{:.0%}"),
 )
+
+
+def entry_plan(cfg, name: str):
+    """The PolicyPlan of one entry of `config.policies`, and the engine options it overrides.
+
+    An entry is a policy name (cbjax.online.plan_policy) or a label of `config.variants`, whose value names the
+    policy and overrides engine options: variants.cache_on = dict(policy="fcfs", enable_prefix_caching=True).
+    `config.policy_options[entry]` holds the policy's constructor options."""
+    from cbjax.engine import EngineConfig
+    from cbjax.online import plan_policy
+
+    variant = _plain((cfg.get("variants") or {}).get(name) or {})
+    policy = variant.pop("policy", name)
+    unknown = sorted(set(variant) - {f.name for f in dataclasses.fields(EngineConfig)} - {"policy_options"})
+    if unknown:
+        raise ValueError(f"config.variants.{name}: unknown engine option(s) {unknown}")
+    options = (cfg.get("policy_options") or {}).get(name)
+    plan = plan_policy(policy, static_batch_timeout_s=cfg.engine.static_batch_timeout_s,
+                       window_ms=cfg.time_window.window_ms, max_batch=cfg.time_window.max_batch,
+                       policy_options=None if options is None else _plain(options))
+    return plan, variant
+
+
+def _plain(d) -> dict:
+    """A ConfigDict (nested ones too) as plain dicts: engine configs go into the JSON manifest."""
+    return d.to_dict() if hasattr(d, "to_dict") else dict(d)
 
 
 def resolve_config(cfg):
@@ -51,7 +81,6 @@ def resolve_config(cfg):
     `engine.policy`, when set (`--config.engine.policy=sjf`), runs that one policy instead of the list."""
     from cbjax.core.policies import make_policy
     from cbjax.model.config import get_model_config
-    from cbjax.online import plan_policy
 
     cfg = cfg.copy_and_resolve_references()
     single = cfg.engine.get("policy")
@@ -65,13 +94,12 @@ def resolve_config(cfg):
         raise ValueError("config.policies is empty")
     if len(set(names)) != len(names):
         raise ValueError(f"config.policies lists a policy twice: {names}")
-    options = cfg.get("policy_options") or {}
     for name in names:
-        # An unknown name or option fails here, before any compile.
-        plan = plan_policy(name, policy_options=options.get(name))
+        # An unknown name, variant field or policy option fails here, before any compile.
+        plan, _ = entry_plan(cfg, name)
         if "policy_options" in plan.engine_options:
             make_policy(plan.engine_options["policy"], plan.engine_options["policy_options"])
-    unused = sorted(set(options) - set(names))
+    unused = sorted(set(cfg.get("policy_options") or {}) - set(names))
     if unused:
         raise ValueError(f"config.policy_options names policies not in config.policies: {unused}")
     cfg.policies = tuple(names)
@@ -104,7 +132,7 @@ def run_comparison(cfg, *, progress: bool = True, on_step: Callable | None = Non
 
     from cbjax.core.clock import RealClock, VirtualClock
     from cbjax.engine import LLMEngine
-    from cbjax.online import plan_policy, run_online
+    from cbjax.online import run_online
     from cbjax.workload import make_workload
 
     workload = make_workload(cfg.workload)
@@ -112,10 +140,8 @@ def run_comparison(cfg, *, progress: bool = True, on_step: Callable | None = Non
     step_cost_s = cfg.step_cost_ms / 1e3 if cfg.step_cost_ms > 0 else None  # None: measured
     try:
         for name in cfg.policies:
-            plan = plan_policy(name, static_batch_timeout_s=cfg.engine.static_batch_timeout_s,
-                               window_ms=cfg.time_window.window_ms, max_batch=cfg.time_window.max_batch,
-                               policy_options=(cfg.get("policy_options") or {}).get(name))
-            options = {**cfg.engine.to_dict(), **plan.engine_options}
+            plan, overrides = entry_plan(cfg, name)
+            options = {**cfg.engine.to_dict(), **plan.engine_options, **overrides}
             clock = VirtualClock() if cfg.clock == "virtual" else RealClock()
             logging.info("%s: engine policy=%s static_batch_timeout_s=%s, client=%s", name, options["policy"],
                          options["static_batch_timeout_s"], plan.client)
@@ -158,6 +184,16 @@ def summaries_of(cfg, comp: Comparison) -> dict[str, dict[str, Any]]:
     base = out.get("static", {}).get("output_throughput", math.nan)
     for s in out.values():
         s["output_throughput_vs_static"] = s["output_throughput"] / base if base and base > 0 else math.nan
+        s["swap_mb"] = (s["swap_out_bytes"] + s["swap_in_bytes"]) / 2**20
+    # Greedy decoding: every policy must generate the same tokens. Compared with the first entry, over the
+    # requests both completed.
+    if comp.results:
+        first = next(iter(comp.results.values())).output_token_ids
+        for name, res in comp.results.items():
+            both = [rid for rid in res.output_token_ids if rid in first]
+            same = sum(res.output_token_ids[rid] == first[rid] for rid in both)
+            out[name]["same_outputs"] = same / len(both) if both else math.nan
+            out[name]["num_compared_outputs"] = len(both)
     return out
 
 
@@ -176,6 +212,17 @@ def format_table(summaries: Mapping[str, Mapping[str, Any]]) -> str:
              for r in [header, *rows]]
     lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines)
+
+
+def outputs_line(summaries: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """Whether every entry generated exactly the first entry's tokens (greedy: they must)."""
+    if len(summaries) < 2:
+        return None
+    first = next(iter(summaries))
+    differ = [n for n, s in summaries.items() if not s.get("same_outputs", math.nan) == 1.0]
+    if not differ:
+        return f"outputs: every entry generated exactly {first}'s tokens"
+    return f"outputs: differ from {first}'s (or none compared) in {differ}"
 
 
 def ratio_line(summaries: Mapping[str, Mapping[str, Any]]) -> str | None:
@@ -208,11 +255,12 @@ def main(argv):
     results.write_config(os.path.join(folder, "config.json"), cfg)
     comp = run_comparison(cfg)
     summaries = summaries_of(cfg, comp)
-    write_results(comp, summaries, folder, start_time)
     print()
     print(format_table(summaries))
-    if (line := ratio_line(summaries)) is not None:
-        print(line)
+    for line in (ratio_line(summaries), outputs_line(summaries)):
+        if line is not None:
+            print(line)
+    write_results(comp, summaries, folder, start_time)
     if comp.interrupted:
         print(f"interrupted: {len(comp.results)} of {len(cfg.policies)} policies measured (the last one partly)")
     print(f"results: {folder}")

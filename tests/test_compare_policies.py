@@ -119,3 +119,28 @@ def test_resolve_config_checks_the_clock(bad):
         setattr(cfg, k, v)
     with pytest.raises(ValueError, match="clock"):
         cp.resolve_config(cfg)
+
+
+def test_variants_and_every_policy_generate_the_same_tokens(tmp_path):
+    # Engine policies, a variant with the prefix cache and swap, one shared engine shape: greedy outputs agree.
+    argv = [f"--config={TINY}", "--config.policies=fcfs,sjf,srpt_oracle,cached_swap",
+            "--config.variants={'cached_swap': {'policy': 'mlfq', 'enable_prefix_caching': True, "
+            "'preemption_mode': 'swap', 'num_host_pages': 32}}",
+            "--config.policy_options={'srpt_oracle': {'victim': 'cheapest_recompute'}, "
+            "'cached_swap': {'quantum': 4}}"]
+    cfg = cp.resolve_config(parse(argv))
+    comp = cp.run_comparison(cfg, progress=False)
+    summaries = cp.summaries_of(cfg, comp)
+    assert list(summaries) == ["fcfs", "sjf", "srpt_oracle", "cached_swap"]
+    assert comp.engines["cached_swap"]["config"]["preemption_mode"] == "swap"
+    assert comp.engines["cached_swap"]["config"]["enable_prefix_caching"] is True
+    assert comp.engines["srpt_oracle"]["config"]["policy_options"] == {"victim": "cheapest_recompute"}
+    for s in summaries.values():
+        assert s["num_completed"] == 12 and s["same_outputs"] == 1.0 and s["num_compared_outputs"] == 12
+    assert cp.outputs_line(summaries).startswith("outputs: every entry generated exactly fcfs's tokens")
+    cp.write_results(comp, summaries, str(tmp_path), datetime.datetime.now())  # nested options are JSON-safe
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["engines"]["cached_swap"]["config"]["policy_options"] == {"quantum": 4}
+    with pytest.raises(ValueError, match="unknown engine option"):
+        cp.resolve_config(parse([f"--config={TINY}", "--config.policies=v",
+                                 "--config.variants={'v': {'policy': 'fcfs', 'swap': True}}"]))

@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from cbjax.core.policies import POLICIES
 from cbjax.engine import EngineConfig
 from cbjax.metrics import SLO_KEYS
 from cbjax.model.config import get_model_config
@@ -17,13 +18,17 @@ from experiments.compare_policies import resolve_config
 from helpers import parse_config as parse
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "compare_*.py")))  # the comparison family
+# The comparison family: every config of experiments/compare_policies.
+CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "compare_*.py"))
+                 + [os.path.join(ROOT, "configs", f) for f in ("policy_zoo.py", "prefix_cache.py", "preemption.py")])
 ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
 
 
 def test_the_expected_configs_exist():
     names = {os.path.basename(p) for p in CONFIGS}
-    assert {"compare_cpu.py", "compare_mixed.py", "compare_tiny.py"} <= names
+    assert {"compare_cpu.py", "compare_mixed.py", "compare_tiny.py", "policy_zoo.py"} <= names
+    zoo = resolve_config(parse([f"--config={os.path.join(ROOT, 'configs', 'policy_zoo.py')}"]))
+    assert set(POLICIES) <= set(zoo.policies), "the zoo runs every engine policy"
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
@@ -31,7 +36,9 @@ def test_config_fields_are_real(path):
     cfg = resolve_config(parse([f"--config={path}"]))
     assert set(cfg.engine) <= ENGINE_FIELDS - {"policy"}  # each policy entry sets the engine's policy
     EngineConfig(policy="fcfs", **cfg.engine)  # every value is acceptable to the engine's config
-    assert set(cfg.policies) <= set(POLICY_NAMES) and cfg.policies
+    assert cfg.policies and all(p in POLICY_NAMES or p in cfg.variants for p in cfg.policies)
+    for variant in cfg.variants.values():
+        EngineConfig(**{**cfg.engine, **variant})
     assert set(cfg.slo) == set(SLO_KEYS)
     assert set(cfg.time_window) == {"window_ms", "max_batch"}
     get_model_config(cfg.model)

@@ -163,3 +163,17 @@ def test_ctrl_c_aborts_requests_held_by_the_client():
     recs = by_id(res)
     assert res.interrupted and recs["r2"].finish_reason == "abort" and recs["r2"].first_scheduled_time is None
     assert recs["r0"].finish_reason == "abort" and recs["r0"].first_scheduled_time == 0.0
+
+
+def test_horizon_ends_the_run_and_counts_the_rest_as_not_completed():
+    # 8 requests of 30 tokens through 4 slots at 10 ms a step: about 0.6 s of work, cut at 0.2 s.
+    wl = workload([0.0] * 6 + [0.1, 0.5], max_tokens=30)
+    res = run_online(engine(), wl, step_cost_s=COST, horizon_s=0.2)
+    recs = by_id(res)
+    assert not res.interrupted and res.num_not_arrived == 1  # r7 would arrive at 0.5 s
+    assert set(recs) == {f"r{i}" for i in range(7)}
+    assert all(r.finish_reason == "abort" for r in recs.values())  # none could finish 30 tokens in 0.2 s
+    assert max(s.time for s in res.steps) <= 0.2 + COST
+    assert res.output_token_ids == {}
+    full = run_online(engine(), wl, step_cost_s=COST)
+    assert all(r.finish_reason == "length" for r in full.requests) and len(full.output_token_ids) == 8

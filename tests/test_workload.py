@@ -155,6 +155,13 @@ def test_deadline_s():
     assert all(r.deadline == pytest.approx(r.arrival_time + 2.5) for r in reqs)
 
 
+def test_tenant_priority_sets_the_priority_of_listed_tenants():
+    reqs = make_workload(dict(kind="mixed", num_requests=60, seed=0, tenant_priority=dict(chat=0, rag=2)))
+    assert {(r.tenant, r.priority) for r in reqs} == {("chat", 0), ("rag", 2), ("code", 0)}
+    with pytest.raises(ValueError, match="tenant_priority"):
+        make_workload(dict(kind="mixed", num_requests=5, tenant_priority=dict(chat="high")))
+
+
 # ---------------------------------------------------------------------------------------------- presets
 
 

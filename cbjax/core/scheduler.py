@@ -161,23 +161,29 @@ class Scheduler:
             waiting = req.status is not RequestStatus.RUNNING
             if waiting and (not may_admit or pressure):
                 continue
+
+            def pages_wanted(place: _Placement) -> int:
+                # A newcomer also leaves the watermark free, so running sequences can grow.
+                return place.pages_needed + (cfg.watermark_pages if waiting and self.running else 0)
+
             place = self._placement(req, budget)
             if place is None:
-                may_admit = may_admit and not waiting  # a whole prompt waits for a step with room, and so do those after it
+                # An unsplittable prompt waits for a step with room; later requests do not jump ahead of it.
+                may_admit = may_admit and not waiting
                 continue
-            target = place.pages_needed + (cfg.watermark_pages if waiting and self.running else 0)
             if waiting and len(self.running) >= cfg.max_num_seqs:
-                if not self._preempt_lower(req, order, idx, out, preempted_now, need_slot=True, target=target):
+                if not self._preempt_lower(req, order, idx, out, preempted_now, need_slot=True,
+                                           target=pages_wanted(place)):
                     may_admit = False
                     continue
                 place = self._placement(req, budget)  # the victim's release may have turned hits evictable
-                target = place.pages_needed + (cfg.watermark_pages if self.running else 0)
-            if not self.pool.can_allocate(target):
+            if not self.pool.can_allocate(pages_wanted(place)):
                 pressure = pressure or not waiting
-                self._preempt_lower(req, order, idx, out, preempted_now, need_slot=False, target=target)
+                self._preempt_lower(req, order, idx, out, preempted_now, need_slot=False,
+                                    target=pages_wanted(place))
+                # Victims' releases may have turned some of its cache hits evictable: count again.
                 place = self._placement(req, budget)
-                target = place.pages_needed + (cfg.watermark_pages if waiting and self.running else 0)
-                if not self.pool.can_allocate(target):
+                if not self.pool.can_allocate(pages_wanted(place)):
                     if waiting:
                         may_admit = False  # head-of-line: no later request jumps ahead for lack of pages
                     else:
@@ -293,18 +299,21 @@ class Scheduler:
         (when the host pool has room); otherwise the KV is dropped and recomputed on resume. Either way it goes
         back to the waiting queue, keeping its generated tokens."""
         self.running.remove(req)
-        k = pages_for(req.num_computed_tokens, self.config.page_size)
-        host = self.host_pool
-        if host is not None and 0 < k and host.can_allocate(k):
-            req.host_pages = host.allocate(k)
-            out.swap_out.extend(zip(req.pages[:k], req.host_pages))
-            self.num_swapped_out_pages += k
-            self.num_swap_preemptions += 1
-        else:
-            self.num_recomputed_tokens += req.num_computed_tokens
-            req.num_computed_tokens = 0
-        self.pool.free(req.pages)
-        req.pages = []
+        # Without device pages (admitted in a static batch, not placed yet) it holds nothing to move or drop: a
+        # swapped-out request keeps its host pages.
+        if req.pages:
+            k = pages_for(req.num_computed_tokens, self.config.page_size)
+            host = self.host_pool
+            if host is not None and 0 < k and host.can_allocate(k):
+                req.host_pages = host.allocate(k)
+                out.swap_out.extend(zip(req.pages[:k], req.host_pages))
+                self.num_swapped_out_pages += k
+                self.num_swap_preemptions += 1
+            else:
+                self.num_recomputed_tokens += req.num_computed_tokens
+                req.num_computed_tokens = 0
+            self.pool.free(req.pages)
+            req.pages = []
         req.num_registered_pages = 0
         req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1

@@ -41,8 +41,10 @@ class FakeRunner:
 
     def execute(self, out: SchedulerOutput) -> list[int]:
         G = self.G
-        out_pages = [d for d, _ in out.swap_out]
-        assert len(set(out_pages)) == len(out_pages), "a device page swapped out twice in one step"
+        # A device page may be swapped out twice in one step (two victims sharing a cached prefix page); each copy
+        # goes to its own host page.
+        host_pages = [h for _, h in out.swap_out]
+        assert len(set(host_pages)) == len(host_pages), "a host page written twice in one step"
         for dev, host in out.swap_out:
             for o in range(G):
                 self.host[host, o] = self.kv.get((dev, o))

@@ -131,7 +131,7 @@ def run_case(case: Case) -> None:
     assert runner.pages_swapped_in == s.num_swapped_in_pages
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_every_policy_finishes_everything_with_reference_tokens(case):
     run_case(case)

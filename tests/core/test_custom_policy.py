@@ -1,0 +1,52 @@
+"""The "Writing a policy" example of docs/policies.md: a user policy registered by name works end to end."""
+import pytest
+
+from cbjax.core import Request, SamplingParams, Scheduler, SchedulerConfig, VirtualClock
+from cbjax.core.policies import POLICIES, Policy, _by_admission, make_policy
+
+from tests.core.test_policy_invariants import Case, run_case
+
+
+class LongestPromptFirst(Policy):
+    """Running sequences keep going; waiting ones are admitted longest prompt first."""
+
+    name = "longest_prompt_first"
+
+    def rank(self, running, waiting, now):
+        return _by_admission(running) + sorted(waiting, key=lambda r: (-r.num_prompt_tokens, r.arrival_order))
+
+
+@pytest.fixture
+def registered():
+    POLICIES[LongestPromptFirst.name] = LongestPromptFirst
+    yield
+    del POLICIES[LongestPromptFirst.name]
+
+
+def test_a_registered_policy_orders_admission(registered):
+    s = Scheduler(SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=64, page_size=4, num_pages=32,
+                                  max_model_len=64, policy="longest_prompt_first"), VirtualClock())
+    for i, n in enumerate([3, 9, 5]):
+        s.add(Request(f"r{n}", [5] * n, SamplingParams(max_tokens=1), 0.0, 0, i))
+    order = []
+    while s.has_unfinished():
+        out = s.schedule()
+        order += [q.request.request_id for q in out.seqs]
+        s.update(out, [7] * len(out.seqs), None, 0.0)
+    assert order == ["r9", "r5", "r3"]
+
+
+def test_a_registered_policy_keeps_the_invariants(registered):
+    cfg = SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=8, page_size=4, num_pages=10, max_model_len=32,
+                          policy="longest_prompt_first", preemption_mode="swap", num_host_pages=6,
+                          enable_prefix_caching=True)
+    reqs = [(i % 3, [1 + i % 4] * (4 + (3 * i) % 17), 10, 0, "a", None, None) for i in range(8)]
+    run_case(Case(cfg, {}, reqs))
+
+
+def test_unknown_policy_options_are_errors():
+    with pytest.raises(ValueError, match="takes no option"):
+        make_policy("priority", {"agingg_s": 1.0})
+    with pytest.raises(ValueError, match="unknown victim"):
+        make_policy("fcfs", {"victim": "random"})
+    assert make_policy("edf", {"class_slack_s": {"0": 2.0}}).class_slack_s == {0: 2.0}

@@ -152,6 +152,23 @@ def test_unknown_engine_option_is_an_error():
         LLMEngine("test-tiny", max_num_seq=3)
 
 
+@pytest.mark.parametrize("options, message", [
+    (dict(policy="fifo"), "unknown policy 'fifo'; known: .*sarathi"),
+    (dict(policy="priority", policy_options={"aging": 1.0}), "takes no option.*aging_s"),
+    (dict(policy="sarathi", policy_options={"chunk_size": 0}), "chunk_size must be >= 1"),
+    (dict(preemption_mode="swapp"), "preemption_mode must be 'recompute' or 'swap'"),
+])
+def test_bad_scheduling_options_fail_before_any_compile(options, message, monkeypatch):
+    import cbjax.engine
+
+    def no_runner(*args, **kwargs):
+        raise AssertionError("the model runner was built (and compiled) before the bad option was refused")
+
+    monkeypatch.setattr(cbjax.engine, "ModelRunner", no_runner)
+    with pytest.raises(ValueError, match=message):
+        LLMEngine("test-tiny", **options)
+
+
 def test_no_compiles_after_warmup_in_this_module(engine):
     assert engine.num_compiles in (0, len(engine.buckets.token_buckets))
 

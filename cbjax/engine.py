@@ -4,6 +4,8 @@ The engine owns the request table, validates input (a bad request is refused wit
 is disturbed), and records per-step statistics for the metrics.
 """
 import dataclasses
+import math
+import numbers
 import time
 from collections.abc import Iterator, Sequence
 
@@ -139,10 +141,17 @@ class LLMEngine:
         if not self.scheduler.can_ever_fit(total):
             raise ValueError(f"request {request_id!r}: needs {-(-total // cfg.page_size)} KV pages but the pool "
                              f"has only {cfg.num_pages}")
+        if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):
+            raise ValueError(f"request {request_id!r}: priority must be an integer, got {priority!r}")
+        if not isinstance(tenant, str):
+            raise ValueError(f"request {request_id!r}: tenant must be a string, got {tenant!r}")
+        if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, numbers.Real)
+                                     or not math.isfinite(deadline)):
+            raise ValueError(f"request {request_id!r}: deadline must be a finite time or None, got {deadline!r}")
         seed = params.seed if params.seed is not None else (cfg.seed * 1_000_003 + self._arrivals) % 2**32
         now = self.clock.now() if arrival_time is None else arrival_time
-        req = Request(request_id, tokens, params, now, seed, self._arrivals, priority=int(priority),
-                      tenant=str(tenant), deadline=None if deadline is None else float(deadline))
+        req = Request(request_id, tokens, params, now, seed, self._arrivals, priority=int(priority), tenant=tenant,
+                      deadline=None if deadline is None else float(deadline))
         self._arrivals += 1
         self.requests[request_id] = req
         self.scheduler.add(req)

@@ -38,6 +38,9 @@ BAD_INPUTS = [
     ("duplicate id", lambda e: e.add_request("ok-0", [5], SamplingParams()), "duplicate request id"),
     ("abort unknown id", lambda e: e.abort_request("nope"), "unknown request id"),
     ("text prompt without tokenizer", lambda e: e.add_request("x", "hello", SamplingParams()), "tokenizer"),
+    ("priority not an integer", lambda e: e.add_request("x", [5], SamplingParams(), priority="high"), "priority"),
+    ("tenant not a string", lambda e: e.add_request("x", [5], SamplingParams(), tenant=3), "tenant"),
+    ("deadline not finite", lambda e: e.add_request("x", [5], SamplingParams(), deadline=float("nan")), "deadline"),
 ]
 
 

@@ -50,3 +50,34 @@ def test_unknown_policy_options_are_errors():
     with pytest.raises(ValueError, match="unknown victim"):
         make_policy("fcfs", {"victim": "random"})
     assert make_policy("edf", {"class_slack_s": {"0": 2.0}}).class_slack_s == {0: 2.0}
+
+
+class MostRecentEviction(Policy):
+    """fcfs that overwrites the most recently released cached page first (the eviction hook)."""
+
+    name = "mru_eviction"
+
+    def choose_eviction(self, evictable):
+        *_, last = evictable
+        return last
+
+
+def test_the_eviction_hook_is_used_and_keeps_the_invariants():
+    POLICIES[MostRecentEviction.name] = MostRecentEviction
+    try:
+        cfg = SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=8, page_size=2, num_pages=12,
+                              max_model_len=20, policy="mru_eviction", enable_prefix_caching=True)
+        # Distinct prompts through a small pool: every admission past the first few evicts cached pages.
+        reqs = [(i, [1 + i] * 6 + [2] * i, 4, 0, "a", None, None) for i in range(8)]
+        run_case(Case(cfg, {}, reqs))
+        s = Scheduler(cfg, VirtualClock())
+        calls = []
+        s.policy.choose_eviction = lambda pages: calls.append(list(pages)) or calls[-1][-1]
+        for i, (_, prompt, m, *_rest) in enumerate(reqs):
+            s.add(Request(f"r{i}", prompt, SamplingParams(max_tokens=m, ignore_eos=True), 0.0, 0, i))
+        while s.has_unfinished():
+            out = s.schedule()
+            s.update(out, [5] * len(out.seqs), None, 0.0)
+        assert calls and s.pool.num_evictions == len(calls)
+    finally:
+        del POLICIES[MostRecentEviction.name]

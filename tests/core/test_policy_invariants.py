@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cbjax.core import Request, SamplingParams, Scheduler, SchedulerConfig, VirtualClock
-from cbjax.core.policies import POLICIES
+from cbjax.core.policies import POLICIES, VICTIMS
 from cbjax.core.request import RequestStatus
 from cbjax.core.scheduler import pages_for
 
@@ -41,7 +41,7 @@ def cases(draw):
         enable_chunked_prefill=draw(st.booleans()), watermark_pages=draw(st.integers(0, 2)),
         preemption_mode=mode, num_host_pages=draw(st.integers(0, 3 * num_pages)) if mode == "swap" else 0,
         enable_prefix_caching=draw(st.booleans()))
-    options = {}
+    options = {"victim": draw(st.sampled_from(sorted(VICTIMS)))}
     if policy == "sarathi":
         options["chunk_size"] = draw(st.sampled_from([None, 3, 8]))
     if policy == "three_level":

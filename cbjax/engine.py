@@ -7,7 +7,7 @@ import dataclasses
 import math
 import numbers
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import jax
 
@@ -97,6 +97,9 @@ class LLMEngine:
         self._pending: list[Request] = []  # finished outside a step (aborts) and not yet reported
         self._arrivals = 0
         self.step_records: list[dict] = []
+        # Called after the model ran and before its tokens are stamped with the clock's time: a simulation moves
+        # its virtual clock here, so a token's time is the end of the step that made it (cbjax.online).
+        self.after_execute: Callable[[], None] | None = None
 
     @staticmethod
     def _load_model(model, cfg: EngineConfig) -> "tuple[Llama, Tokenizer | None]":
@@ -196,6 +199,8 @@ class LLMEngine:
         ran = not out.is_empty or out.swap_out or out.swap_in
         if ran:
             sampled = self.runner.execute(out)
+            if self.after_execute is not None:
+                self.after_execute()
             changed = sched.update(out, sampled, self.model_config.eos_token_id, self.clock.now())
         outputs = [self._output(r, 1) for r in changed] + [self._output(r, 0) for r in self._pending]
         self._pending.clear()

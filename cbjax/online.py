@@ -14,8 +14,8 @@ completed, which is how a starving policy shows in the completion rates.
 
 Clocks: the engine's own clock is used. With a `cbjax.core.VirtualClock` the loop never sleeps; each step moves
 the clock by `step_cost_s` (fixed: reproducible tests) or by the step's measured wall time (None). The move happens
-inside the step, after the model ran and before the scheduler stamps the sampled tokens, so a token's time is the
-end of the step that produced it, as on a real clock.
+inside the step (the engine's `after_execute` hook), after the model ran and before the scheduler stamps the
+sampled tokens, so a token's time is the end of the step that produced it, as on a real clock.
 
 Ctrl-C (KeyboardInterrupt) ends the run cleanly: requests that had arrived but not finished are aborted and the
 records measured so far are returned, with `interrupted=True`.
@@ -114,26 +114,6 @@ class Progress:
     num_finished: int  # finished, aborted or refused
 
 
-class _ClockedRunner:
-    """Stands in for the engine's runner so a virtual clock advances inside the step, between the model and the
-    scheduler's update: the engine then stamps tokens at the end of their step, not at its start."""
-
-    def __init__(self, runner, clock: VirtualClock, step_cost_s: float | None):
-        self._runner = runner
-        self._clock = clock
-        self._step_cost_s = step_cost_s
-        self.step_started = time.perf_counter()
-
-    def execute(self, out):
-        result = self._runner.execute(out)
-        cost = self._step_cost_s if self._step_cost_s is not None else time.perf_counter() - self.step_started
-        self._clock.advance(cost)
-        return result
-
-    def __getattr__(self, name):
-        return getattr(self._runner, name)
-
-
 def _params(req: WorkloadRequest) -> SamplingParams:
     # Greedy and EOS ignored: every policy generates exactly max_tokens for each request, so throughput compares
     # the same work whatever the random model would have emitted.
@@ -169,8 +149,14 @@ class _OnlineRun:
         self.finished: dict[str, RequestOutput] = {}
         self.num_steps = 0
         self.t0 = 0.0
+        self.step_started = 0.0
 
     # ---- time ---------------------------------------------------------------------------------------------------
+    def advance_virtual_clock(self) -> None:
+        """The engine's `after_execute` hook on a virtual clock: the model ran, the tokens are not stamped yet."""
+        self.clock.advance(self.step_cost_s if self.step_cost_s is not None
+                           else time.perf_counter() - self.step_started)
+
     def now(self) -> float:
         """Seconds since the start of the run."""
         return self.clock.now() - self.t0
@@ -231,8 +217,7 @@ class _OnlineRun:
     def step(self) -> bool:
         """One engine step; False when nothing ran (a static batch is still waiting to fill)."""
         steps_before = len(self.engine.step_records)
-        if self.virtual:
-            self.engine.runner.step_started = time.perf_counter()
+        self.step_started = time.perf_counter()
         outputs = self.engine.step()
         for out in outputs:
             self.submitted[out.request_id] = out
@@ -327,9 +312,8 @@ def run_online(engine, workload: Sequence[WorkloadRequest], *, client: ClientBat
     """
     run = _OnlineRun(engine, workload, client, step_cost_s, on_step, horizon_s)
     first_step = len(engine.step_records)
-    original_runner = engine.runner
     if run.virtual:
-        engine.runner = _ClockedRunner(original_runner, engine.clock, step_cost_s)
+        engine.after_execute = run.advance_virtual_clock
     run.t0 = engine.clock.now()
     wall0 = time.perf_counter()
     interrupted = cut = False
@@ -341,7 +325,7 @@ def run_online(engine, workload: Sequence[WorkloadRequest], *, client: ClientBat
         interrupted = True
         run.abort_rest()
     finally:
-        engine.runner = original_runner
+        engine.after_execute = None
     steps = [StepRecord(**{**s, "time": s["time"] - run.t0}) for s in engine.step_records[first_step:]]
     outputs = {rid: list(out.outputs[0].token_ids) for rid, out in run.finished.items()
                if out.outputs[0].finish_reason in ("stop", "length")}

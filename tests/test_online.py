@@ -12,7 +12,6 @@ from cbjax import LLMEngine
 from cbjax.core import RealClock, VirtualClock
 from cbjax.metrics import StepRecord
 from cbjax.online import ClientBatching, plan_policy, run_online
-from cbjax.runner.model_runner import ModelRunner
 from cbjax.workload import WorkloadRequest
 
 COST = 0.01  # virtual seconds per step
@@ -147,9 +146,9 @@ def test_ctrl_c_stops_cleanly_and_returns_what_was_measured():
     assert recs["r0"].finish_reason == "length" and recs["r0"].output_len == 3  # finished in steps 1-3
     assert recs["r3"].finish_reason == "abort"
     assert len(res.steps) == 4
-    # The engine is left clean: nothing unfinished, every page back, its own runner restored.
+    # The engine is left clean: nothing unfinished, every page back, its clock hook removed.
     assert not eng.has_unfinished_requests() and eng.scheduler.pool.num_used == 0
-    assert type(eng.runner) is ModelRunner
+    assert eng.after_execute is None
 
 
 def test_ctrl_c_aborts_requests_held_by_the_client():

@@ -29,11 +29,13 @@ from collections.abc import Iterable, Sequence
 from cbjax.core.request import Request, RequestStatus
 
 
-def _by_admission(reqs: Iterable[Request]) -> list[Request]:
+def by_admission(reqs: Iterable[Request]) -> list[Request]:
+    """Running requests in the order they were admitted (a building block for `rank`)."""
     return sorted(reqs, key=lambda r: r.admission_order)
 
 
-def _by_arrival(reqs: Iterable[Request]) -> list[Request]:
+def by_arrival(reqs: Iterable[Request]) -> list[Request]:
+    """Requests in arrival order (a building block for `rank`)."""
     return sorted(reqs, key=lambda r: r.arrival_order)
 
 
@@ -77,7 +79,7 @@ class Policy:
 
     # ---- hooks ------------------------------------------------------------------------------------------------
     def rank(self, running: Sequence[Request], waiting: Sequence[Request], now: float) -> list[Request]:
-        return _by_admission(running) + _by_arrival(waiting)
+        return by_admission(running) + by_arrival(waiting)
 
     def may_admit(self, running: Sequence[Request], waiting: Sequence[Request], now: float) -> bool:
         return True
@@ -141,7 +143,7 @@ class PrefillFirstPolicy(Policy):
     chunked_prefill = False
 
     def rank(self, running, waiting, now):
-        return _by_arrival(waiting) + _by_admission(running)
+        return by_arrival(waiting) + by_admission(running)
 
 
 class SarathiPolicy(Policy):
@@ -160,10 +162,10 @@ class SarathiPolicy(Policy):
         self.chunk_size = chunk_size
 
     def rank(self, running, waiting, now):
-        running = _by_admission(running)
+        running = by_admission(running)
         decodes = [r for r in running if r.num_uncomputed_tokens <= 1]
         prefills = [r for r in running if r.num_uncomputed_tokens > 1]
-        return decodes + prefills + _by_arrival(waiting)
+        return decodes + prefills + by_arrival(waiting)
 
 
 class PriorityPolicy(Policy):
@@ -211,8 +213,8 @@ class ThreeLevelPolicy(Policy):
         return len(req.output_token_ids) > self.demote_after
 
     def rank(self, running, waiting, now):
-        running = _by_admission(running)
-        return (_by_arrival(waiting) + [r for r in running if not self.demoted(r)]
+        running = by_admission(running)
+        return (by_arrival(waiting) + [r for r in running if not self.demoted(r)]
                 + [r for r in running if self.demoted(r)])
 
     def victims(self, requester, lower):
@@ -229,7 +231,7 @@ class SJFPolicy(Policy):
     name = "sjf"
 
     def rank(self, running, waiting, now):
-        return _by_admission(running) + sorted(waiting, key=lambda r: (r.num_prompt_tokens, r.arrival_order))
+        return by_admission(running) + sorted(waiting, key=lambda r: (r.num_prompt_tokens, r.arrival_order))
 
 
 class SRPTOraclePolicy(Policy):
@@ -332,7 +334,7 @@ class FairSharePolicy(Policy):
     def rank(self, running, waiting, now):
         # Interleave the tenants' queues as admission would move their counters: each pick charges its prompt.
         queues: dict[str, list[Request]] = {}
-        for r in _by_arrival(waiting):
+        for r in by_arrival(waiting):
             queues.setdefault(r.tenant, []).append(r)
         heap = [(self.counters.get(t, 0.0), q[0].arrival_order, t) for t, q in queues.items()]
         heapq.heapify(heap)
@@ -346,7 +348,7 @@ class FairSharePolicy(Policy):
             if pos[t] < len(q):
                 c += r.num_prompt_tokens * self.input_weight / self._weight(t)
                 heapq.heappush(heap, (c, q[pos[t]].arrival_order, t))
-        return _by_admission(running) + order
+        return by_admission(running) + order
 
 
 class EDFPolicy(Policy):
@@ -394,7 +396,7 @@ class LPMPolicy(Policy):
             waited = now - r.metrics.arrival_time
             return sched.cached_prefix_tokens(r) + self.aging_tokens_per_s * waited
 
-        return _by_admission(running) + sorted(waiting, key=lambda r: (-score(r), r.arrival_order))
+        return by_admission(running) + sorted(waiting, key=lambda r: (-score(r), r.arrival_order))
 
 
 POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (

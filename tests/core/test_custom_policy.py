@@ -2,7 +2,7 @@
 import pytest
 
 from cbjax.core import Request, SamplingParams, Scheduler, SchedulerConfig, VirtualClock
-from cbjax.core.policies import POLICIES, Policy, _by_admission, make_policy
+from cbjax.core.policies import POLICIES, Policy, by_admission, make_policy
 
 from tests.core.test_policy_invariants import Case, run_case
 
@@ -13,7 +13,7 @@ class LongestPromptFirst(Policy):
     name = "longest_prompt_first"
 
     def rank(self, running, waiting, now):
-        return _by_admission(running) + sorted(waiting, key=lambda r: (-r.num_prompt_tokens, r.arrival_order))
+        return by_admission(running) + sorted(waiting, key=lambda r: (-r.num_prompt_tokens, r.arrival_order))
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from cbjax import workload as wl
+from cbjax import workload_files as wf
 from cbjax.workload import LengthSpec, WorkloadRequest, make_workload
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -23,7 +24,7 @@ def cv(x):
 
 def test_imports_without_jax():
     # sys.modules["jax"] = None makes any `import jax` raise ImportError.
-    code = "import sys; sys.modules['jax'] = None; import cbjax.workload, cbjax.metrics"
+    code = "import sys; sys.modules['jax'] = None; import cbjax.workload, cbjax.workload_files, cbjax.metrics"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
 
@@ -277,7 +278,7 @@ def test_save_jsonl_replays_exactly(tmp_path):
     reqs = make_workload(synth(deadline_s=1.0, long_threshold=30))
     reqs[0] = WorkloadRequest(reqs[0].request_id, 0.0, reqs[0].prompt_token_ids, 3, prompt="hi", priority=-1)
     path = tmp_path / "w.jsonl"
-    wl.save_jsonl(reqs, path)
+    wf.save_jsonl(reqs, path)
     assert make_workload(dict(kind="jsonl", path=str(path))) == reqs
 
 
@@ -285,7 +286,7 @@ def test_peers_json_roundtrip(tmp_path):
     reqs = make_workload(dict(kind="peers_json", path=os.path.join(DATA, "peers.json")))
     assert [(r.request_id, r.prompt_token_ids, r.max_tokens, r.arrival_time) for r in reqs] == [
         ("req-0", (3, 4, 5), 2, 0.0), ("req-1", (31999, 7), 5, 0.0)]
-    wl.save_peers_json(reqs, tmp_path / "p.json")
+    wf.save_peers_json(reqs, tmp_path / "p.json")
     assert json.load(open(tmp_path / "p.json")) == json.load(open(os.path.join(DATA, "peers.json")))
     with pytest.raises(ValueError, match=r"entry 1: 'prompt_token_ids'\[0\] = 31999 is out of range"):
         make_workload(dict(kind="peers_json", path=os.path.join(DATA, "peers.json"), vocab_size=1000))
@@ -339,7 +340,7 @@ def test_duplicate_request_id_is_an_error(tmp_path):
     line = '{"request_id": "x", "arrival_time": 0, "prompt_token_ids": [5], "max_tokens": 1}\n'
     path = _write(tmp_path, "dup.jsonl", line + line)
     with pytest.raises(ValueError, match=r"line 2: duplicate request_id 'x' \(first on line 1\)"):
-        wl.load_jsonl(path)
+        wf.load_jsonl(path)
 
 
 @pytest.mark.parametrize("entry, message", [
@@ -351,7 +352,7 @@ def test_duplicate_request_id_is_an_error(tmp_path):
 def test_malformed_peers_entry_names_file_and_index(tmp_path, entry, message):
     path = _write(tmp_path, "bad.json", '[{"prompt_token_ids": [3], "max_new_tokens": 1}, ' + entry + "]")
     with pytest.raises(ValueError, match=message) as e:
-        wl.load_peers_json(path)
+        wf.load_peers_json(path)
     assert f"{path}, entry 1:" in str(e.value)
 
 
@@ -364,16 +365,16 @@ def test_malformed_sharegpt_entry_names_file_and_index(tmp_path, entry):
     good = '{"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}'
     path = _write(tmp_path, "bad.json", f"[{good}, {good}, {entry}]")
     with pytest.raises(ValueError, match=f"{path}, entry 2:"):
-        wl.load_sharegpt(path)
+        wf.load_sharegpt(path)
 
 
 def test_invalid_json_file_names_file(tmp_path):
     path = _write(tmp_path, "bad.json", '[{"prompt_token_ids": [3],\n "max_new_tokens": }]')
     with pytest.raises(ValueError, match=f"{path}: invalid JSON at line 2"):
-        wl.load_peers_json(path)
+        wf.load_peers_json(path)
     path = _write(tmp_path, "obj.json", '{"a": 1}')
     with pytest.raises(ValueError, match="expected a JSON list"):
-        wl.load_sharegpt(path)
+        wf.load_sharegpt(path)
 
 
 def test_arrival_trace_for_generated_workload(tmp_path):

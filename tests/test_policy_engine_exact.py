@@ -5,7 +5,7 @@ to force preemption: greedy tokens equal the full-forward reference, nothing lea
 import numpy as np
 import pytest
 
-from cbjax import LLMEngine, SamplingParams
+from cbjax import LLM, LLMEngine, SamplingParams
 from cbjax.core.policies import POLICIES
 from cbjax.model import get_model_config, init_model
 from helpers import greedy_reference
@@ -77,3 +77,13 @@ def test_every_policy_is_token_exact_under_preemption(model, workload, policy, m
         assert moved == 2 * sched.num_swapped_out_pages * engine.runner.host_pool.bytes_per_page
     else:
         assert sum(s["recomputed_tokens"] for s in steps) == sched.num_recomputed_tokens > 0
+
+
+def test_llm_facade_takes_any_policy_and_its_options(model):
+    prompts = [[5, 6, 7] * 20, [9, 8] * 30, [11] * 40]
+    ref = greedy_reference(model, prompts, [12] * 3, width=MAX_MODEL_LEN)
+    llm = LLM(model, policy="mlfq", policy_options={"quantum": 8, "victim": "longest_running"},
+              preemption_mode="swap", num_host_pages=8, enable_prefix_caching=True, **OPTS)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    assert [o.outputs[0].token_ids for o in outs] == ref
+    assert llm.engine.scheduler.policy.quantum == 8 and llm.engine.scheduler.policy.victim == "longest_running"

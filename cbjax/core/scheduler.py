@@ -161,11 +161,6 @@ class Scheduler:
             waiting = req.status is not RequestStatus.RUNNING
             if waiting and (not may_admit or pressure):
                 continue
-
-            def pages_wanted(place: _Placement) -> int:
-                # A newcomer also leaves the watermark free, so running sequences can grow.
-                return place.pages_needed + (cfg.watermark_pages if waiting and self.running else 0)
-
             place = self._placement(req, budget)
             if place is None:
                 # An unsplittable prompt waits for a step with room; later requests do not jump ahead of it.
@@ -173,17 +168,17 @@ class Scheduler:
                 continue
             if waiting and len(self.running) >= cfg.max_num_seqs:
                 if not self._preempt_lower(req, order, idx, out, preempted_now, need_slot=True,
-                                           target=pages_wanted(place)):
+                                           target=self._pages_wanted(place, waiting)):
                     may_admit = False
                     continue
                 place = self._placement(req, budget)  # the victim's release may have turned hits evictable
-            if not self.pool.can_allocate(pages_wanted(place)):
+            if not self.pool.can_allocate(self._pages_wanted(place, waiting)):
                 pressure = pressure or not waiting
                 self._preempt_lower(req, order, idx, out, preempted_now, need_slot=False,
-                                    target=pages_wanted(place))
+                                    target=self._pages_wanted(place, waiting))
                 # Victims' releases may have turned some of its cache hits evictable: count again.
                 place = self._placement(req, budget)
-                if not self.pool.can_allocate(pages_wanted(place)):
+                if not self.pool.can_allocate(self._pages_wanted(place, waiting)):
                     if waiting:
                         may_admit = False  # head-of-line: no later request jumps ahead for lack of pages
                     else:
@@ -206,6 +201,10 @@ class Scheduler:
             self.host_pool.free(self._host_frees)
         out.num_batched_tokens = cfg.max_num_batched_tokens - budget
         return out
+
+    def _pages_wanted(self, place: _Placement, waiting: bool) -> int:
+        # A newcomer also leaves the watermark free, so running sequences can grow.
+        return place.pages_needed + (self.config.watermark_pages if waiting and self.running else 0)
 
     def _num_new_tokens(self, req: Request, num_computed: int, budget: int) -> int:
         left = req.num_tokens - num_computed

@@ -98,7 +98,7 @@ class LLMEngine:
         self._arrivals = 0
         self.step_records: list[dict] = []
         # Called after the model ran and before its tokens are stamped with the clock's time: a simulation moves
-        # its virtual clock here, so a token's time is the end of the step that made it (cbjax.online).
+        # its virtual clock here, so a token's time is the end of the step that made it (cbjax.bench.online).
         self.after_execute: Callable[[], None] | None = None
 
     @staticmethod

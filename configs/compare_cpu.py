@@ -52,7 +52,7 @@ def get_config() -> ml_collections.ConfigDict:
     tw.window_ms = 500.0  # hold arrivals this long after the first one held ...
     tw.max_batch = 32  # ... or until this many are held; then submit them together
 
-    # Workload: the fields of cbjax.workload.make_workload.
+    # Workload: the fields of cbjax.bench.workload.make_workload.
     w = c.workload = ml_collections.ConfigDict()
     w.kind = "mixed"  # synthetic | mixed (chat/RAG/code) | shared_prefix | jsonl | sharegpt | peers_json
     w.num_requests = 300  # requests (for files: the first N; None: all)

@@ -4,7 +4,7 @@
 
 Every field not set here is compare_cpu.py's (see the comments there).
 """
-from cbjax.config_files import sibling_config
+from cbjax.bench.config_files import sibling_config
 
 
 def get_config():

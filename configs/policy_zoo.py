@@ -10,7 +10,7 @@ ends at `horizon_s`, 2 s after the last arrival: what has not finished by then c
 sleeping, and arrivals are replayed exactly. About 4 minutes on 2 CPU cores.
 Every field not set here is compare_cpu.py's (see the comments there); docs/policies.md explains the policies.
 """
-from cbjax.config_files import sibling_config
+from cbjax.bench.config_files import sibling_config
 
 
 def get_config():

@@ -3,12 +3,12 @@
   python -m experiments.compare_policies --config=configs/compare_cpu.py [--config.engine.max_num_seqs=16 ...]
 
 Each entry of `config.policies` (an engine policy such as "fcfs", "static", "sarathi", "priority", ..., or the
-client-side "time_window"; see cbjax.online.plan_policy and docs/policies.md) gets its own engine,
+client-side "time_window"; see cbjax.bench.online.plan_policy and docs/policies.md) gets its own engine,
 warmed up before its run so no compile is timed (engines of the same shapes share jax's compile cache, so only the
-first one compiles). Requests arrive by the workload's clock and join the engine as they arrive (cbjax.online).
+first one compiles). Requests arrive by the workload's clock and join the engine as they arrive (cbjax.bench.online).
 Prints one row per policy and the continuous/static output-throughput ratio, and writes results/<run_name>/:
-config.json, manifest.json, summary.json, summary.csv, requests.jsonl, steps.jsonl and PNG plots (cbjax/results.py,
-cbjax/plots.py). Ctrl-C stops the run and writes what was measured so far. How to read it: docs/experiments.md.
+config.json, manifest.json, summary.json, summary.csv, requests.jsonl, steps.jsonl and PNG plots (cbjax/bench/results.py,
+cbjax/bench/plots.py). Ctrl-C stops the run and writes what was measured so far. How to read it: docs/experiments.md.
 """
 from __future__ import annotations
 
@@ -51,11 +51,11 @@ COLUMNS = (
 def entry_plan(cfg, name: str):
     """The PolicyPlan of one entry of `config.policies`, and the engine options it overrides.
 
-    An entry is a policy name (cbjax.online.plan_policy) or a label of `config.variants`, whose value names the
+    An entry is a policy name (cbjax.bench.online.plan_policy) or a label of `config.variants`, whose value names the
     policy and overrides engine options: variants.cache_on = dict(policy="fcfs", enable_prefix_caching=True).
     `config.policy_options[entry]` holds the policy's constructor options."""
     from cbjax.engine import EngineConfig
-    from cbjax.online import plan_policy
+    from cbjax.bench.online import plan_policy
 
     variant = _plain((cfg.get("variants") or {}).get(name) or {})
     policy = variant.pop("policy", name)
@@ -118,7 +118,7 @@ def resolve_config(cfg):
 
 @dataclasses.dataclass
 class Comparison:
-    results: dict[str, Any]  # policy -> cbjax.online.OnlineResult
+    results: dict[str, Any]  # policy -> cbjax.bench.online.OnlineResult
     engines: dict[str, dict[str, Any]]  # policy -> engine config, bucket table, warmup time (for the manifest)
     num_requests: int
     interrupted: bool = False
@@ -132,8 +132,8 @@ def run_comparison(cfg, *, progress: bool = True, on_step: Callable | None = Non
 
     from cbjax.core.clock import RealClock, VirtualClock
     from cbjax.engine import LLMEngine
-    from cbjax.online import run_online
-    from cbjax.workload import make_workload
+    from cbjax.bench.online import run_online
+    from cbjax.bench.workload import make_workload
 
     workload = make_workload(cfg.workload)
     comp = Comparison({}, {}, len(workload))
@@ -171,8 +171,8 @@ def run_comparison(cfg, *, progress: bool = True, on_step: Callable | None = Non
 
 
 def summaries_of(cfg, comp: Comparison) -> dict[str, dict[str, Any]]:
-    """cbjax.metrics.summarize per policy, plus run facts and each policy's output throughput over static's."""
-    from cbjax.metrics import summarize
+    """cbjax.bench.metrics.summarize per policy, plus run facts and each policy's output throughput over static's."""
+    from cbjax.bench.metrics import summarize
 
     slo = {k: v for k, v in cfg.slo.to_dict().items() if v is not None}
     out = {}
@@ -234,7 +234,7 @@ def ratio_line(summaries: Mapping[str, Mapping[str, Any]]) -> str | None:
 
 def write_results(comp: Comparison, summaries, folder: str, start_time: datetime.datetime) -> list[str]:
     """manifest.json, summary.json/csv, requests.jsonl, steps.jsonl and the plots into `folder`."""
-    from cbjax import plots, results
+    from cbjax.bench import plots, results
 
     results.write_json(os.path.join(folder, "manifest.json"), results.manifest(
         start_time=start_time, engines=comp.engines,
@@ -247,7 +247,7 @@ def write_results(comp: Comparison, summaries, folder: str, start_time: datetime
 
 def main(argv):
     del argv
-    from cbjax import results
+    from cbjax.bench import results
 
     start_time = datetime.datetime.now().astimezone()
     cfg = resolve_config(_CONFIG.value)

@@ -10,10 +10,10 @@ import pytest
 
 from cbjax.core.policies import POLICIES
 from cbjax.engine import EngineConfig
-from cbjax.metrics import SLO_KEYS
+from cbjax.bench.metrics import SLO_KEYS
 from cbjax.model.config import get_model_config
-from cbjax.online import POLICY_NAMES
-from cbjax.workload import make_workload
+from cbjax.bench.online import POLICY_NAMES
+from cbjax.bench.workload import make_workload
 from experiments.compare_policies import resolve_config
 from helpers import parse_config as parse
 

@@ -1,11 +1,11 @@
-"""Tests for cbjax.metrics, on small cases whose expected numbers are worked out by hand in the comments."""
+"""Tests for cbjax.bench.metrics, on small cases whose expected numbers are worked out by hand in the comments."""
 
 import json
 import math
 
 import pytest
 
-from cbjax.metrics import RequestRecord, StepRecord, percentiles, request_latencies, step_summary, summarize
+from cbjax.bench.metrics import RequestRecord, StepRecord, percentiles, request_latencies, step_summary, summarize
 
 
 def records():

@@ -10,9 +10,9 @@ import pytest
 
 from cbjax import LLMEngine
 from cbjax.core import RealClock, VirtualClock
-from cbjax.metrics import StepRecord
-from cbjax.online import ClientBatching, plan_policy, run_online
-from cbjax.workload import WorkloadRequest
+from cbjax.bench.metrics import StepRecord
+from cbjax.bench.online import ClientBatching, plan_policy, run_online
+from cbjax.bench.workload import WorkloadRequest
 
 COST = 0.01  # virtual seconds per step
 SHAPES = dict(max_num_seqs=4, max_num_batched_tokens=16, num_pages=64, max_model_len=128)

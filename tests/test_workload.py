@@ -1,4 +1,4 @@
-"""Tests for cbjax.workload: generators, presets, loaders, clipping and config validation."""
+"""Tests for cbjax.bench.workload: generators, presets, loaders, clipping and config validation."""
 
 import json
 import math
@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from cbjax import workload as wl
-from cbjax import workload_files as wf
-from cbjax.workload import LengthSpec, WorkloadRequest, make_workload
+from cbjax.bench import trace_files as wf
+from cbjax.bench.arrivals import arrival_times
+from cbjax.bench.lengths import LengthSpec
+from cbjax.bench.requests import WorkloadRequest
+from cbjax.bench.workload import clip_to_max_model_len, make_workload
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 
@@ -24,7 +26,7 @@ def cv(x):
 
 def test_imports_without_jax():
     # sys.modules["jax"] = None makes any `import jax` raise ImportError.
-    code = "import sys; sys.modules['jax'] = None; import cbjax.workload, cbjax.workload_files, cbjax.metrics"
+    code = "import sys; sys.modules['jax'] = None; import cbjax.bench.workload, cbjax.bench.online, cbjax.bench.results, cbjax.bench.plots"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
 
@@ -33,13 +35,13 @@ def test_imports_without_jax():
 
 
 def test_offline_and_infinite_rate_arrive_at_zero():
-    assert np.array_equal(wl.arrival_times(5, "offline"), np.zeros(5))
+    assert np.array_equal(arrival_times(5, "offline"), np.zeros(5))
     rng = np.random.default_rng(0)
-    assert np.array_equal(wl.arrival_times(5, "poisson", rng=rng, request_rate=math.inf), np.zeros(5))
+    assert np.array_equal(arrival_times(5, "poisson", rng=rng, request_rate=math.inf), np.zeros(5))
 
 
 def test_poisson_gaps_have_mean_one_over_rate_and_cv_one():
-    t = wl.arrival_times(20001, "poisson", rng=np.random.default_rng(1), request_rate=4.0)
+    t = arrival_times(20001, "poisson", rng=np.random.default_rng(1), request_rate=4.0)
     assert t[0] == 0.0 and np.all(np.diff(t) >= 0)
     gaps = np.diff(t)
     assert np.mean(gaps) == pytest.approx(0.25, rel=0.03)
@@ -48,22 +50,22 @@ def test_poisson_gaps_have_mean_one_over_rate_and_cv_one():
 
 @pytest.mark.parametrize("burstiness", [0.25, 4.0])
 def test_gamma_gaps_keep_the_rate_and_have_cv_one_over_sqrt_burstiness(burstiness):
-    t = wl.arrival_times(20001, "gamma", rng=np.random.default_rng(2), request_rate=2.0, burstiness=burstiness)
+    t = arrival_times(20001, "gamma", rng=np.random.default_rng(2), request_rate=2.0, burstiness=burstiness)
     gaps = np.diff(t)
     assert np.mean(gaps) == pytest.approx(0.5, rel=0.05)
     assert cv(gaps) == pytest.approx(1 / math.sqrt(burstiness), rel=0.08)
 
 
 def test_gamma_with_burstiness_one_is_exactly_poisson():
-    a = wl.arrival_times(100, "gamma", rng=np.random.default_rng(3), request_rate=3.0, burstiness=1.0)
-    b = wl.arrival_times(100, "poisson", rng=np.random.default_rng(3), request_rate=3.0)
+    a = arrival_times(100, "gamma", rng=np.random.default_rng(3), request_rate=3.0, burstiness=1.0)
+    b = arrival_times(100, "poisson", rng=np.random.default_rng(3), request_rate=3.0)
     assert np.array_equal(a, b)
 
 
 def test_trace_arrivals_are_shifted_to_zero_and_sorted():
-    assert wl.arrival_times(3, "trace", trace=[5.0, 4.0, 7.5, 100.0]).tolist() == [0.0, 1.0, 3.5]
+    assert arrival_times(3, "trace", trace=[5.0, 4.0, 7.5, 100.0]).tolist() == [0.0, 1.0, 3.5]
     with pytest.raises(ValueError, match="fewer than num_requests"):
-        wl.arrival_times(3, "trace", trace=[1.0])
+        arrival_times(3, "trace", trace=[1.0])
 
 
 # ---------------------------------------------------------------------------------------------- lengths
@@ -225,18 +227,18 @@ def test_shared_prefix_shares_exactly_the_prefix():
 
 def test_clip_rules():
     r = WorkloadRequest("r", 0.0, tuple(range(3, 13)), 20, prompt="text")
-    assert wl.clip_to_max_model_len(r, 40) is r
-    assert wl.clip_to_max_model_len(r, 25).max_tokens == 15 and wl.clip_to_max_model_len(r, 25).prompt == "text"
-    c = wl.clip_to_max_model_len(r, 8)
+    assert clip_to_max_model_len(r, 40) is r
+    assert clip_to_max_model_len(r, 25).max_tokens == 15 and clip_to_max_model_len(r, 25).prompt == "text"
+    c = clip_to_max_model_len(r, 8)
     assert c.prompt_token_ids == tuple(range(3, 10)) and c.max_tokens == 1 and c.prompt is None
     with pytest.raises(ValueError, match="max_model_len"):
-        wl.clip_to_max_model_len(r, 1)
+        clip_to_max_model_len(r, 1)
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 300), st.integers(1, 300), st.integers(2, 400))
 def test_clip_invariant(p, o, m):
-    c = wl.clip_to_max_model_len(WorkloadRequest("r", 0.0, tuple([5] * p), o), m)
+    c = clip_to_max_model_len(WorkloadRequest("r", 0.0, tuple([5] * p), o), m)
     assert c.prompt_len + c.max_tokens <= m and c.max_tokens >= 1
     assert c.prompt_len == min(p, m - 1) and c.max_tokens == min(o, m - c.prompt_len)
 

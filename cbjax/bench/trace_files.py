@@ -1,5 +1,5 @@
 """Workload files: loading traces (JSONL with arrival times, ShareGPT, the peers' JSON) into `WorkloadRequest`s,
-and writing them back. Pure Python + numpy (no jax). `cbjax.workload.make_workload` calls these for the file kinds;
+and writing them back. Pure Python + numpy (no jax). `cbjax.bench.workload.make_workload` calls these for the file kinds;
 the formats and their validation rules are described on each loader.
 
 Text without token ids becomes `tokenize(text)` when a tokenizer is given, else placeholder ids of the estimated
@@ -16,10 +16,21 @@ from typing import Any
 
 import numpy as np
 
-from cbjax.workload import (
-    CHARS_PER_TOKEN, DEFAULT_LONG_THRESHOLD, DEFAULT_LOW_ID, DEFAULT_VOCAB_SIZE, LENGTH_CLASSES, Tokenize,
-    WorkloadRequest, _S_TOKENS, _check_vocab, _rng, length_class_of, random_token_ids,
+from cbjax.bench.requests import (
+    DEFAULT_LONG_THRESHOLD,
+    DEFAULT_LOW_ID,
+    DEFAULT_VOCAB_SIZE,
+    LENGTH_CLASSES,
+    Stream,
+    Tokenize,
+    WorkloadRequest,
+    check_vocab,
+    length_class_of,
+    random_token_ids,
+    rng_for,
 )
+
+CHARS_PER_TOKEN = 4  # approx_num_tokens: the usual ~4 characters per BPE token for English text
 
 __all__ = ["approx_num_tokens", "load_jsonl", "load_arrival_times", "load_sharegpt", "load_peers_json", "save_jsonl",
            "save_peers_json"]
@@ -123,7 +134,7 @@ def load_jsonl(
             ids = _token_ids(obj["prompt_token_ids"], vocab_size, where, "prompt_token_ids")
         elif text is not None:
             if vrng is None:
-                vrng = _rng(seed, _S_TOKENS)
+                vrng = rng_for(seed, Stream.TOKENS)
             ids = _text_to_ids(text, tokenize, vrng, vocab_size or DEFAULT_VOCAB_SIZE, low_id)
         else:
             raise ValueError(f"{where}: missing 'prompt_token_ids' or 'prompt'")
@@ -201,8 +212,8 @@ def load_sharegpt(
     p = os.fspath(path)
     if not isinstance(data, list):
         raise ValueError(f"{p}: expected a JSON list of conversations, got {type(data).__name__}")
-    vocab_size, low_id = _check_vocab(vocab_size, low_id)
-    rng = _rng(seed, _S_TOKENS)
+    vocab_size, low_id = check_vocab(vocab_size, low_id)
+    rng = rng_for(seed, Stream.TOKENS)
     out = []
     for i, entry in enumerate(data):
         where = f"{p}, entry {i}"

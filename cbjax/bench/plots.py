@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from cbjax.metrics import request_latencies
+from cbjax.bench.metrics import request_latencies
 
 __all__ = ["plot_throughput", "plot_latency_cdfs", "plot_utilisation", "plot_all"]
 

@@ -3,10 +3,10 @@
   <output_dir>/<run_name>/
     config.json      the resolved experiment config (command-line overrides applied)
     manifest.json    provenance: git commit, jax/flax versions, devices, bucket tables, start time, command line
-    summary.json     one object per policy: every metric of cbjax.metrics.summarize, plus "policy"
+    summary.json     one object per policy: every metric of cbjax.bench.metrics.summarize, plus "policy"
     summary.csv      the same, one row per policy
-    requests.jsonl   one cbjax.metrics.RequestRecord per line, with a "policy" column
-    steps.jsonl      one cbjax.metrics.StepRecord per line, with a "policy" column
+    requests.jsonl   one cbjax.bench.metrics.RequestRecord per line, with a "policy" column
+    steps.jsonl      one cbjax.bench.metrics.StepRecord per line, with a "policy" column
 
 JSON has no NaN: a metric without samples (NaN in the summary) is written as null, and as an empty CSV cell.
 """

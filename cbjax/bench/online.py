@@ -1,7 +1,7 @@
 """The online loop: requests join a running engine when the clock reaches their arrival time.
 
-`run_online(engine, workload)` replays a workload (cbjax.workload: requests with arrival times in seconds from the
-start of the run) against one engine and returns per-request and per-step records (cbjax.metrics). Between steps
+`run_online(engine, workload)` replays a workload (cbjax.bench.workload: requests with arrival times in seconds from the
+start of the run) against one engine and returns per-request and per-step records (cbjax.bench.metrics). Between steps
 it hands every request that has arrived to the engine (or to the client-side batcher, see `ClientBatching`); when
 nothing can run, it jumps (virtual clock) or sleeps (real clock) to the next event: an arrival, a client window
 closing, or a static batch's timeout.
@@ -33,8 +33,8 @@ from cbjax.core.clock import VirtualClock
 from cbjax.core.policies import POLICIES
 from cbjax.core.outputs import RequestOutput
 from cbjax.core.sampling_params import SamplingParams
-from cbjax.metrics import RequestRecord, StepRecord
-from cbjax.workload import WorkloadRequest
+from cbjax.bench.metrics import RequestRecord, StepRecord
+from cbjax.bench.requests import WorkloadRequest
 
 _log = logging.getLogger(__name__)
 

@@ -32,10 +32,11 @@ from typing import Any
 
 import numpy as np
 
+from cbjax.bench.requests import LENGTH_CLASSES
+
 __all__ = ["RequestRecord", "StepRecord", "percentiles", "request_latencies", "summarize", "step_summary", "SLO_KEYS"]
 
 FINISH_REASONS = ("stop", "length", "abort", None)
-LENGTH_CLASSES = ("short", "long")
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
 STATS = ("mean", "p50", "p90", "p99", "std")
 LATENCIES = ("ttft", "tpot", "itl", "e2e", "queue")

@@ -1,0 +1,202 @@
+"""`make_workload(cfg)`: the deterministic request workload an experiment config describes.
+
+Everything in cbjax.bench is pure Python + numpy (no jax), so experiments and tests build a workload cheaply.
+
+A workload is a list of `WorkloadRequest` (cbjax.bench.requests), sorted by `arrival_time` (seconds from the start
+of the run). `make_workload` is the one entry point an experiment needs; the pieces it is built from are public
+so tests and notebooks can use them directly: `LengthSpec` (lengths.py), `arrival_times` (arrivals.py),
+`synthetic_workload`, `mixed_workload`, `shared_prefix_workload` (generators.py), and the file loaders and writers
+for JSONL traces, ShareGPT and the peers' JSON (trace_files.py).
+
+Determinism: every random choice comes from a numpy `Generator` derived from `(seed, stream)`, with one
+independent stream per concern (arrivals, prompt lengths, output lengths, token ids, ...). So changing the
+arrival process or `request_rate` leaves the requests themselves (lengths and token ids) unchanged: a
+request-rate sweep compares policies on the *same* requests, only arriving at different times.
+
+Config fields read by `make_workload` (a dict, an ml_collections ConfigDict or any object with attributes;
+a field that is missing or None takes its default; an unknown field is an error, to catch typos):
+
+  kind            "synthetic" | "mixed" | "shared_prefix" | "jsonl" | "sharegpt" | "peers_json"   (required)
+  num_requests    int >= 1; required for generated kinds; for files, None means every request in the file
+  seed            int >= 0, default 0
+  arrival         "offline" (all at t=0) | "poisson" | "gamma" | "trace"; default "trace" for jsonl, else
+                  "offline". "trace" takes arrival times from `path` (for generated kinds `path` is a JSONL
+                  file of times: each line a number or an object with `arrival_time`/`timestamp`)
+  request_rate    requests/s for poisson and gamma (inf means offline)
+  burstiness      gamma shape, default 1.0 (== poisson); < 1 is burstier, > 1 more regular
+  vocab_size      token ids are drawn from [low_id, vocab_size); default 32000. For files, ids must be below it
+  low_id          smallest generated token id, default 3 (0..2 are pad/bos/eos in the project's models)
+  prompt_len      length spec (see `LengthSpec`; a bare int means fixed); synthetic: the prompt,
+                  shared_prefix: the unique suffix after the shared prefix
+  output_len      length spec for max_tokens
+  scale           multiplies every generated length (default 1.0), to shrink a workload onto a CPU
+  num_prefixes    shared_prefix: number of distinct system prompts (default 4)
+  prefix_len      shared_prefix: tokens in each system prompt (required for shared_prefix)
+  tenant_per_prefix  shared_prefix: tenant = "prefix-<k>" (default False: every request is tenant "default")
+  path            file to load (jsonl / sharegpt / peers_json) or the arrival trace (arrival="trace")
+  max_model_len   clip so prompt_len + max_tokens <= max_model_len (see `clip_to_max_model_len`)
+  long_threshold  requests without a preset class (mixed preset, or length_class in a JSONL line) are "long"
+                  when prompt_len + max_tokens > long_threshold (default 1024), judged before clipping
+  deadline_s      if set, requests without a deadline get deadline = arrival_time + deadline_s
+  tenant_priority mapping tenant -> priority (lower is more important); requests of a listed tenant get it
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from cbjax.bench.arrivals import ARRIVALS, arrival_times
+from cbjax.bench.fields import as_choice, as_float, as_int, check_fields, get_field
+from cbjax.bench.generators import mixed_workload, shared_prefix_workload, synthetic_workload
+from cbjax.bench.lengths import LengthSpec
+from cbjax.bench.requests import (
+    DEFAULT_LONG_THRESHOLD,
+    DEFAULT_LOW_ID,
+    DEFAULT_VOCAB_SIZE,
+    Stream,
+    Tokenize,
+    WorkloadRequest,
+    check_vocab,
+    rng_for,
+)
+from cbjax.bench.trace_files import load_arrival_times, load_jsonl, load_peers_json, load_sharegpt
+
+KINDS = ("synthetic", "mixed", "shared_prefix", "jsonl", "sharegpt", "peers_json")
+
+
+def clip_to_max_model_len(req: WorkloadRequest, max_model_len: int) -> WorkloadRequest:
+    """Make prompt_len + max_tokens <= max_model_len.
+
+    The output is cut first (max_tokens = max_model_len - prompt_len), since the prompt is what the request *is*.
+    When the prompt alone leaves no room for one output token, the prompt keeps its first max_model_len - 1 tokens
+    (the head, so shared system prompts stay shared) and max_tokens becomes 1; its text, if any, is dropped
+    because it no longer matches the ids.
+    """
+    if max_model_len < 2:
+        raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
+    if req.prompt_len + req.max_tokens <= max_model_len:
+        return req
+    if req.prompt_len < max_model_len:
+        return dataclasses.replace(req, max_tokens=max_model_len - req.prompt_len)
+    return dataclasses.replace(req, prompt_token_ids=req.prompt_token_ids[: max_model_len - 1], max_tokens=1, prompt=None)
+
+
+_CONFIG_FIELDS = (
+    "kind", "num_requests", "seed", "arrival", "request_rate", "burstiness", "vocab_size", "low_id",
+    "prompt_len", "output_len", "scale", "num_prefixes", "prefix_len", "tenant_per_prefix", "path",
+    "max_model_len", "long_threshold", "deadline_s", "tenant_priority",
+)
+_GENERATED = ("synthetic", "mixed", "shared_prefix")
+
+
+def make_workload(cfg: Any, *, tokenize: Tokenize | None = None) -> list[WorkloadRequest]:
+    """Build the workload described by `cfg` (fields in the module docstring), sorted by arrival time.
+
+    Order of operations: requests (generated or loaded, first `num_requests`, length_class decided) ->
+    arrival times -> `clip_to_max_model_len` -> deadlines -> tenant priorities. `tokenize` is only used for text in
+    trace files.
+    """
+    check_fields(cfg, _CONFIG_FIELDS, "workload config")
+    kind = get_field(cfg, "kind")
+    if kind is None:
+        raise ValueError(f"kind is required, one of {list(KINDS)}")
+    kind = as_choice(kind, "kind", KINDS)
+    seed = as_int(get_field(cfg, "seed", 0), "seed", minimum=0)
+    n = get_field(cfg, "num_requests")
+    n = None if n is None else as_int(n, "num_requests", minimum=1)
+    arrival = as_choice(get_field(cfg, "arrival", "trace" if kind == "jsonl" else "offline"), "arrival", ARRIVALS)
+    vocab_size, low_id = check_vocab(get_field(cfg, "vocab_size", DEFAULT_VOCAB_SIZE), get_field(cfg, "low_id", DEFAULT_LOW_ID))
+    scale = as_float(get_field(cfg, "scale", 1.0), "scale", positive=True)
+    path = get_field(cfg, "path")
+    max_model_len = get_field(cfg, "max_model_len")
+    if max_model_len is not None:
+        max_model_len = as_int(max_model_len, "max_model_len", minimum=2)
+    long_threshold = as_int(get_field(cfg, "long_threshold", DEFAULT_LONG_THRESHOLD), "long_threshold", minimum=0)
+    deadline_s = get_field(cfg, "deadline_s")
+    if deadline_s is not None:
+        deadline_s = as_float(deadline_s, "deadline_s", positive=True)
+    # Validate the arrival parameters up front, so a bad rate fails before any file is read.
+    if arrival in ("poisson", "gamma"):
+        if get_field(cfg, "request_rate") is None:
+            raise ValueError(f"request_rate is required for arrival={arrival!r}")
+        as_float(get_field(cfg, "request_rate"), "request_rate", positive=True, allow_inf=True)
+        as_float(get_field(cfg, "burstiness", 1.0), "burstiness", positive=True)
+    if arrival == "trace" and kind in ("sharegpt", "peers_json"):
+        raise ValueError(f"arrival='trace' is not available for kind={kind!r}: its file holds no arrival times")
+    if (kind not in _GENERATED or arrival == "trace") and path is None:
+        raise ValueError(f"path is required for kind={kind!r}" + (" with arrival='trace'" if kind in _GENERATED else ""))
+    if kind not in _GENERATED and scale != 1.0:
+        raise ValueError(f"scale applies to generated workloads only, not kind={kind!r}")
+
+    if kind in _GENERATED:
+        if n is None:
+            raise ValueError(f"num_requests is required for kind={kind!r}")
+        if kind == "mixed":
+            reqs = mixed_workload(n, seed=seed, scale=scale, vocab_size=vocab_size, low_id=low_id)
+        else:
+            out_spec = _required_spec(cfg, "output_len", kind).scaled(scale)
+            in_spec = _required_spec(cfg, "prompt_len", kind).scaled(scale)
+            if kind == "synthetic":
+                reqs = synthetic_workload(n, in_spec, out_spec, seed=seed, vocab_size=vocab_size, low_id=low_id,
+                                          long_threshold=long_threshold)
+            else:
+                prefix_len = get_field(cfg, "prefix_len")
+                if prefix_len is None:
+                    raise ValueError("prefix_len is required for kind='shared_prefix'")
+                prefix_len = max(1, int(round(as_int(prefix_len, "prefix_len", minimum=1) * scale)))
+                reqs = shared_prefix_workload(
+                    n, num_prefixes=get_field(cfg, "num_prefixes", 4), prefix_len=prefix_len, suffix_len=in_spec,
+                    output_len=out_spec, seed=seed, vocab_size=vocab_size, low_id=low_id,
+                    tenant_per_prefix=bool(get_field(cfg, "tenant_per_prefix", False)), long_threshold=long_threshold,
+                )
+    else:
+        if kind == "jsonl":
+            reqs = load_jsonl(path, tokenize=tokenize, vocab_size=vocab_size, low_id=low_id, seed=seed,
+                              require_arrival=arrival == "trace", long_threshold=long_threshold)
+        elif kind == "sharegpt":
+            reqs = load_sharegpt(path, tokenize=tokenize, vocab_size=vocab_size, low_id=low_id, seed=seed,
+                                 long_threshold=long_threshold)
+        else:
+            reqs = load_peers_json(path, vocab_size=vocab_size, long_threshold=long_threshold)
+        if n is not None:
+            if n > len(reqs):
+                raise ValueError(f"num_requests={n} but {os.fspath(path)} holds only {len(reqs)} usable requests")
+            reqs = reqs[:n]
+        n = len(reqs)
+
+    if arrival == "trace" and kind == "jsonl":
+        # Replay the file's own clock, shifted so that the first arrival is at 0.
+        offset = min((r.arrival_time for r in reqs), default=0.0)
+        times = [r.arrival_time - offset for r in reqs]
+    elif arrival == "trace":
+        times = arrival_times(n, "trace", trace=load_arrival_times(path)).tolist()
+    else:
+        times = arrival_times(n, arrival, rng=rng_for(seed, Stream.ARRIVAL), request_rate=get_field(cfg, "request_rate"),
+                              burstiness=get_field(cfg, "burstiness", 1.0)).tolist()
+    # A deadline read from a file keeps its slack (deadline - arrival) when the arrival time moves.
+    reqs = [
+        dataclasses.replace(r, arrival_time=float(t),
+                            deadline=None if r.deadline is None else r.deadline - r.arrival_time + float(t))
+        for r, t in zip(reqs, times)
+    ]
+    if max_model_len is not None:
+        reqs = [clip_to_max_model_len(r, max_model_len) for r in reqs]
+    if deadline_s is not None:
+        reqs = [r if r.deadline is not None else dataclasses.replace(r, deadline=r.arrival_time + deadline_s)
+                for r in reqs]
+    tenant_priority = get_field(cfg, "tenant_priority")
+    if tenant_priority is not None:
+        tenant_priority = {str(t): as_int(p, f"tenant_priority[{t!r}]") for t, p in dict(tenant_priority).items()}
+        reqs = [dataclasses.replace(r, priority=tenant_priority[r.tenant]) if r.tenant in tenant_priority else r
+                for r in reqs]
+    reqs.sort(key=lambda r: r.arrival_time)  # stable: ties keep their generation / file order
+    return reqs
+
+
+def _required_spec(cfg: Any, name: str, kind: str) -> LengthSpec:
+    spec = get_field(cfg, name)
+    if spec is None:
+        raise ValueError(f"{name} is required for kind={kind!r}")
+    return LengthSpec.from_config(spec, name)

@@ -38,10 +38,10 @@ class EngineConfig:
     max_model_len: int | None = None  # prompt + output tokens; None: the model's max_position_embeddings
     dtype: str | None = None  # parameter / activation dtype; None: the model config's
     seed: int = 0  # model init (random models) and the default per-request sampling seeds
-    attention_backend: str = "auto"  # auto | pallas | reference
+    attention_backend: str = "auto"  # auto | pallas | xla (auto: pallas on TPU/GPU, xla on CPU)
     pallas_interpret: bool = False  # run Pallas kernels in interpret mode (CPU tests)
     enable_chunked_prefill: bool = True
-    watermark: float = 0.01  # fraction of pages kept free when admitting, so running sequences can grow
+    watermark_fraction: float = 0.01  # fraction of the pages kept free at admission, so running sequences can grow
     static_batch_timeout_s: float = 0.0  # static: wait for a full batch or this long (0: start with what waits)
     preemption_mode: str = "recompute"  # recompute: drop a victim's KV | swap: move it to host memory and back
     swap_space_gib: float = 1.0  # swap: host memory for swapped-out KV pages (a victim that does not fit recomputes)
@@ -86,7 +86,7 @@ class LLMEngine:
             max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
             page_size=cfg.page_size, num_pages=num_pages, max_model_len=max_model_len, policy=cfg.policy,
             policy_options=dict(cfg.policy_options or {}), enable_chunked_prefill=cfg.enable_chunked_prefill,
-            watermark_pages=int(cfg.watermark * num_pages), static_batch_timeout_s=cfg.static_batch_timeout_s,
+            watermark_pages=int(cfg.watermark_fraction * num_pages), static_batch_timeout_s=cfg.static_batch_timeout_s,
             preemption_mode=cfg.preemption_mode, num_host_pages=num_host_pages,
             enable_prefix_caching=cfg.enable_prefix_caching), self.clock)
         self.runner = ModelRunner(self.model, num_pages=num_pages, page_size=cfg.page_size, buckets=self.buckets,

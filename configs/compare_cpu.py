@@ -37,10 +37,10 @@ def get_config() -> ml_collections.ConfigDict:
     e.max_model_len = 1024  # prompt + output tokens of one request; the workload is clipped to it
     e.dtype = "float32"  # parameters and activations: float32 | bfloat16
     e.seed = 0  # model init and per-request sampling seeds
-    e.attention_backend = "auto"  # auto | pallas | reference (auto: XLA reference on CPU)
+    e.attention_backend = "auto"  # auto | pallas | xla (auto: xla on CPU)
     e.pallas_interpret = False  # Pallas kernels in interpret mode (CPU debugging only: slow)
     e.enable_chunked_prefill = True  # split long prompts over steps under the token budget
-    e.watermark = 0.01  # fraction of pages kept free at admission so running sequences can grow
+    e.watermark_fraction = 0.01  # fraction of pages kept free at admission so running sequences can grow
     e.static_batch_timeout_s = 0.5  # static: start a batch when full or when its oldest request waited this long
     e.preemption_mode = "recompute"  # recompute: drop a victim's KV | swap: move it to host memory and back
     e.swap_space_gib = 1.0  # swap: host memory for swapped-out KV pages

@@ -18,7 +18,7 @@ def get_config():
     c.variants.swap = dict(policy="fcfs", preemption_mode="swap")
     c.clock = "virtual"  # measured step times
     c.engine.num_pages = 64  # 1024 KV tokens: a few long requests fill it
-    c.engine.watermark = 0.0  # admit while a page is free: preemption does the rest
+    c.engine.watermark_fraction = 0.0  # admit while a page is free: preemption does the rest
     c.engine.max_model_len = 512  # so that one request always fits the pool
     c.engine.swap_space_gib = 0.25  # host pool for swapped pages
     c.workload.arrival = "offline"

@@ -24,7 +24,7 @@ flags.DEFINE_integer("num_pages", None, "KV pages (default: from --kv_cache_memo
 flags.DEFINE_float("kv_cache_memory_gib", 2.0, "KV cache budget when --num_pages is not set")
 flags.DEFINE_integer("max_model_len", None, "default: the workload's longest prompt + output, at least 512")
 flags.DEFINE_string("dtype", "float32", "float32 or bfloat16")
-flags.DEFINE_string("attention_backend", "auto", "auto | pallas | reference")
+flags.DEFINE_string("attention_backend", "auto", "auto | pallas | xla")
 flags.DEFINE_integer("repeats", 1, "timed runs on the same engine; wall_s is their median")
 flags.DEFINE_string("dump_dir", None, "write the generated token ids to DIR/cbjax.json (for peers/compare.py)")
 FLAGS = flags.FLAGS

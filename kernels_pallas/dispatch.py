@@ -1,21 +1,22 @@
 """One entry point for paged attention with a backend switch; the model's attention goes through it.
 
-Backends: `reference` = the XLA path of xla_attention.py (the fast CPU default); `pallas` = the Pallas kernel of
+Backends: `xla` = the XLA path of xla_attention.py (the fast CPU default); `pallas` = the Pallas kernel of
 ragged_paged_attention.py (compiled on TPU/GPU, or interpreted on CPU when `interpret=True`, for tests);
-`auto` = pallas on TPU/GPU, reference elsewhere.
+`auto` = pallas on TPU/GPU, xla elsewhere. The slow pure-jnp definitions the kernels are tested against are the
+`reference_*` functions next to each kernel, not a backend.
 """
 import jax
 
 from kernels_pallas.xla_attention import xla_ragged_paged_attention
 
-BACKENDS = ("auto", "pallas", "reference")
+BACKENDS = ("auto", "pallas", "xla")
 
 
 def resolve_backend(backend: str) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"attention_backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        return "pallas" if jax.default_backend() in ("tpu", "gpu") else "reference"
+        return "pallas" if jax.default_backend() in ("tpu", "gpu") else "xla"
     return backend
 
 
@@ -24,7 +25,7 @@ def ragged_attention(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_
     """Attention of a flat mixed batch over the paged cache; see xla_attention.py for the contract."""
     backend = resolve_backend(backend)
     kw = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
-    if backend == "reference":
+    if backend == "xla":
         return xla_ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs, **kw)
     from kernels_pallas.ragged_paged_attention import ragged_paged_attention
 

@@ -1,4 +1,4 @@
-"""Ragged paged attention as plain XLA ops: the fast default on CPU, and the engine's `reference` backend.
+"""Ragged paged attention as plain XLA ops: the fast default on CPU, the engine's `xla` backend.
 
 Same contract as `ragged_paged_attention` (docs/kernels.md): q [T, N, H]; k_pages, v_pages [K, P, G, H];
 kv_lens [S]; page_indices [S, W]; cu_q_lens [S+1]; num_seqs [1]. Sequence i < num_seqs owns query rows

@@ -10,7 +10,7 @@ def test_pallas_interpret_engine_matches_reference_engine():
                                       max_tokens_range=(1, 8))
     opts = dict(max_num_seqs=4, max_num_batched_tokens=32, page_size=8, num_pages=40, max_model_len=72)
     assert max(map(len, prompts)) > opts["max_num_batched_tokens"]  # chunked prefill goes through the kernel too
-    ref = LLM.from_engine(LLMEngine(model, attention_backend="reference", **opts)).generate(prompts, params)
+    ref = LLM.from_engine(LLMEngine(model, attention_backend="xla", **opts)).generate(prompts, params)
     pallas_engine = LLMEngine(model, attention_backend="pallas", pallas_interpret=True, warmup=False, **opts)
     assert pallas_engine.runner.backend == "pallas"
     got = LLM.from_engine(pallas_engine).generate(prompts, params)

@@ -13,7 +13,7 @@ from helpers import greedy_reference
 MAX_MODEL_LEN = 176
 # All engines share these shapes, so the step programs compile once for the whole module.
 OPTS = dict(max_num_seqs=6, max_num_batched_tokens=64, page_size=16, max_model_len=MAX_MODEL_LEN, num_pages=16,
-            watermark=0.0)
+            watermark_fraction=0.0)
 
 
 @pytest.fixture(scope="module")

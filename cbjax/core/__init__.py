@@ -2,7 +2,8 @@
 from cbjax.core.clock import Clock, RealClock, VirtualClock
 from cbjax.core.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from cbjax.core.page_pool import PagePool
-from cbjax.core.policies import POLICIES, Policy, make_policy
+from cbjax.core.policies import POLICIES, make_policy
+from cbjax.core.policy import Policy, SchedulerView
 from cbjax.core.request import FinishReason, Request, RequestStatus
 from cbjax.core.sampling_params import SamplingParams
 from cbjax.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, ScheduledSeq
@@ -10,5 +11,5 @@ from cbjax.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, Sc
 __all__ = [
     "Clock", "RealClock", "VirtualClock", "CompletionOutput", "RequestMetrics", "RequestOutput", "PagePool",
     "FinishReason", "Request", "RequestStatus", "SamplingParams", "Scheduler", "SchedulerConfig",
-    "SchedulerOutput", "ScheduledSeq", "POLICIES", "Policy", "make_policy",
+    "SchedulerOutput", "ScheduledSeq", "POLICIES", "Policy", "SchedulerView", "make_policy",
 ]

@@ -1,112 +1,23 @@
-"""Scheduling policies: the decisions a Scheduler delegates, each behind its own hook.
-
-The Scheduler does the bookkeeping (token budget, slots, pages, swaps, state changes). A policy answers:
-
-  rank(running, waiting, now)     the step's order: every request, most important first. The scheduler walks it,
-                                  giving each its next chunk while the token budget and the slots last, so the
-                                  order also decides "decodes first or prefills first".
-  chunked_prefill, chunk_size     may a prompt that fits one step be split; the most tokens a sequence gets a step.
-  reserve_to_completion           admission reserves pages for prompt + max_tokens (never preempts later) instead
-                                  of admitting optimistically.
-  may_admit(running, waiting, now)  may waiting requests join now at all (static batching says no mid-batch).
-  victims(requester, lower)       which running requests ranked below `requester` it may preempt for pages or a
-                                  slot (default: a running sequence may preempt any of them, a waiting one none).
-  choose_victim(candidates, now)  which one goes first (the `victim` option: rank, last_admitted,
-                                  lowest_priority, longest_running, cheapest_recompute).
-  choose_eviction(pages)          which released prefix-cache page to overwrite (None = least recently used).
-  on_scheduled / on_arrival       accounting for stateful policies (mlfq levels, fair-share counters).
-  next_event_time(running, waiting)  when the policy will admit although nothing changes (a static timeout);
-                                  the online loop sleeps until then.
-
-A new policy is a small subclass that overrides `rank` (and perhaps `victims`): see docs/policies.md. Register it
-in POLICIES to make it reachable by name from EngineConfig.policy, `LLM(policy=...)` and the experiment configs.
-Priorities follow vLLM: a lower `priority` value is more important.
-"""
+"""The policy zoo: every policy reachable by name, and `make_policy`. The interface is in policy.py."""
 import heapq
 import inspect
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
+from cbjax.core.policy import Policy, by_admission, by_arrival, fcfs_order
 from cbjax.core.request import Request, RequestStatus
 
 
-def by_admission(reqs: Iterable[Request]) -> list[Request]:
-    """Running requests in the order they were admitted (a building block for `rank`)."""
-    return sorted(reqs, key=lambda r: r.admission_order)
-
-
-def by_arrival(reqs: Iterable[Request]) -> list[Request]:
-    """Requests in arrival order (a building block for `rank`)."""
-    return sorted(reqs, key=lambda r: r.arrival_order)
-
-
-# ---- victim choice: among the running requests a requester may preempt, which goes first -----------------------
-def _victim_rank(cands: Sequence[Request], now: float) -> Request:
-    return cands[-1]  # candidates come in rank order: the least important
-
-
-VICTIMS = {
-    "rank": _victim_rank,
-    "last_admitted": lambda cands, now: max(cands, key=lambda r: r.admission_order),
-    "lowest_priority": lambda cands, now: max(cands, key=lambda r: (r.priority, r.admission_order)),
-    # The one that has decoded longest: it holds the most pages, so one preemption frees the most.
-    "longest_running": lambda cands, now: max(cands, key=lambda r: (len(r.output_token_ids), r.admission_order)),
-    # The least KV to rebuild (or to move, under swap).
-    "cheapest_recompute": lambda cands, now: min(cands, key=lambda r: (r.num_computed_tokens, -r.admission_order)),
-}
-
-
-class Policy:
+class FCFSPolicy(Policy):
     """Continuous FCFS: running sequences in admission order (decodes and unfinished chunked prefills alike), then
     waiting requests in arrival order; under memory pressure the last admitted running sequence is preempted."""
 
     name = "fcfs"
-    # Admission moves a whole batch (up to max_num_seqs) into the running set at once (static batching).
-    admits_whole_batch = False
-    chunked_prefill: bool | None = None  # None: the engine's enable_chunked_prefill; False: whole prompts only
-    chunk_size: int | None = None  # most tokens one sequence computes in a step (None: the step's budget)
-    reserve_to_completion = False
-    # A waiting request may preempt lower-ranked running ones (for pages or for a slot).
-    preempts_for_admission = False
 
-    def __init__(self, victim: str = "rank", reserve_to_completion: bool | None = None):
-        if victim not in VICTIMS:
-            raise ValueError(f"unknown victim choice {victim!r}; known: {sorted(VICTIMS)}")
-        self.victim = victim
-        self._choose = VICTIMS[victim]
-        if reserve_to_completion is not None:
-            self.reserve_to_completion = reserve_to_completion
-        self.scheduler = None  # set by the Scheduler (policies that read the page pool, e.g. lpm)
-
-    # ---- hooks ------------------------------------------------------------------------------------------------
-    def rank(self, running: Sequence[Request], waiting: Sequence[Request], now: float) -> list[Request]:
-        return by_admission(running) + by_arrival(waiting)
-
-    def may_admit(self, running: Sequence[Request], waiting: Sequence[Request], now: float) -> bool:
-        return True
-
-    def victims(self, requester: Request, lower: list[Request]) -> list[Request]:
-        """`lower`: the running requests ranked below `requester` and not yet scheduled this step, in rank order."""
-        if requester.status is RequestStatus.RUNNING or self.preempts_for_admission:
-            return lower
-        return []
-
-    def choose_victim(self, candidates: Sequence[Request], now: float) -> Request:
-        return self._choose(candidates, now)
-
-    def choose_eviction(self, evictable: Iterable[int]) -> int | None:
-        return None  # least recently released first (the pool's own order)
-
-    def on_arrival(self, req: Request, now: float) -> None:
-        pass
-
-    def on_scheduled(self, req: Request, num_tokens: int, now: float) -> None:
-        pass
-
-    def next_event_time(self, running: Sequence[Request], waiting: Sequence[Request]) -> float | None:
-        return None
+    def rank(self, running, waiting, now):
+        return fcfs_order(running, waiting)
 
 
-class StaticPolicy(Policy):
+class StaticPolicy(FCFSPolicy):
     """Static batching: admit up to max_num_seqs requests together and admit nothing more until every one of them
     has finished. The baseline continuous batching is measured against, on the same runner.
 
@@ -317,8 +228,8 @@ class FairSharePolicy(Policy):
         return self.tenant_weights.get(tenant, 1.0)
 
     def on_arrival(self, req, now):
-        sched = self.scheduler
-        active = {r.tenant for r in (*sched.running, *sched.waiting)} if sched is not None else set()
+        view = self.view
+        active = {r.tenant for r in (*view.running, *view.waiting)} if view is not None else set()
         if req.tenant not in active:
             floor = min((self.counters.get(t, 0.0) for t in active), default=0.0)
             self.counters[req.tenant] = max(self.counters.get(req.tenant, 0.0), floor)
@@ -388,19 +299,19 @@ class LPMPolicy(Policy):
         self.aging_tokens_per_s = aging_tokens_per_s
 
     def rank(self, running, waiting, now):
-        sched = self.scheduler
-        if sched is None or not sched.pool.enable_caching:
-            return super().rank(running, waiting, now)
+        view = self.view
+        if view is None or not view.prefix_caching:
+            return fcfs_order(running, waiting)
 
         def score(r: Request) -> float:
             waited = now - r.metrics.arrival_time
-            return sched.cached_prefix_tokens(r) + self.aging_tokens_per_s * waited
+            return view.cached_prefix_tokens(r) + self.aging_tokens_per_s * waited
 
         return by_admission(running) + sorted(waiting, key=lambda r: (-score(r), r.arrival_order))
 
 
 POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (
-    Policy, StaticPolicy, PrefillFirstPolicy, SarathiPolicy, PriorityPolicy, ThreeLevelPolicy, SJFPolicy,
+    FCFSPolicy, StaticPolicy, PrefillFirstPolicy, SarathiPolicy, PriorityPolicy, ThreeLevelPolicy, SJFPolicy,
     SRPTOraclePolicy, MLFQPolicy, FairSharePolicy, EDFPolicy, LPMPolicy)}
 
 

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 
 from cbjax.core.clock import Clock
 from cbjax.core.page_pool import PagePool, chain_hashes
-from cbjax.core.policies import Policy, make_policy
+from cbjax.core.policies import make_policy
+from cbjax.core.policy import Policy
 from cbjax.core.request import FinishReason, Request, RequestStatus
 
 
@@ -45,9 +46,9 @@ class SchedulerConfig:
 @dataclasses.dataclass
 class ScheduledSeq:
     request: Request
-    num_computed: int  # tokens already in the cache before this step
+    num_computed_tokens: int  # tokens already in the cache before this step
     num_new_tokens: int  # tokens computed this step
-    sample: bool  # the chunk reaches the end of the context: sample one new token
+    samples_token: bool  # the chunk reaches the end of the context: the step samples one new token for it
 
 
 @dataclasses.dataclass
@@ -73,7 +74,7 @@ def pages_for(num_tokens: int, page_size: int) -> int:
 class _Placement:
     """How a request would get its pages this step: prefix-cache hits, pages swapped back in, fresh pages."""
 
-    num_computed: int  # tokens in the cache once hits / swapped pages are in place
+    num_computed_tokens: int  # tokens in the cache once hits / swapped pages are in place
     num_new_tokens: int
     hits: list[int]
     num_new_pages: int
@@ -83,6 +84,17 @@ class _Placement:
     @property
     def pages_needed(self) -> int:
         return self.num_new_pages + self.num_revived + self.num_swapped_in
+
+
+@dataclasses.dataclass
+class _Step:
+    """What one schedule() call builds up while it walks the ranking."""
+
+    out: SchedulerOutput
+    budget: int  # tokens left in the step
+    may_admit: bool  # waiting requests may still join this step
+    preempted: set[int] = dataclasses.field(default_factory=set)  # id() of requests preempted this step
+    host_frees: list[int] = dataclasses.field(default_factory=list)  # host pages read by swap-ins: free after
 
 
 class Scheduler:
@@ -96,7 +108,7 @@ class Scheduler:
         self.clock = clock
         self.policy = policy or make_policy(config.policy, config.policy_options, max_num_seqs=config.max_num_seqs,
                                             batch_timeout_s=config.static_batch_timeout_s)
-        self.policy.scheduler = self
+        self.policy.attach(ReadOnlyScheduler(self))
         self.pool = PagePool(config.num_pages, enable_caching=config.enable_prefix_caching)
         swap = config.preemption_mode == "swap" and config.num_host_pages > 0
         self.host_pool = PagePool(config.num_host_pages) if swap else None
@@ -137,77 +149,90 @@ class Scheduler:
 
     # ---- one step ---------------------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        cfg, policy = self.config, self.policy
+        """Walk the policy's ranking: each request gets its next chunk while the token budget and the slots last,
+        making room (preempting lower-ranked requests) where the policy allows it."""
         now = self.clock.now()
-        out = SchedulerOutput([], 0, [], now)
-        budget = cfg.max_num_batched_tokens
-        self._host_frees: list[int] = []  # host pages read by this step's swap-ins: reusable from the next step
-
-        may_admit = policy.may_admit(self.running, self.waiting, now)
-        if policy.admits_whole_batch:
-            if may_admit:
-                for req in policy.rank([], self.waiting, now)[:cfg.max_num_seqs - len(self.running)]:
-                    self._admit(req)
-            may_admit = False
-
-        order = policy.rank(self.running, self.waiting, now)
-        preempted_now: set[int] = set()
-        pressure = False  # a running sequence lacked pages: admit nothing more this step
-        for idx, req in enumerate(order):
-            if budget <= 0:
+        step = _Step(SchedulerOutput([], 0, [], now), self.config.max_num_batched_tokens,
+                     may_admit=self.policy.may_admit(self.running, self.waiting, now))
+        if self.policy.admits_whole_batch:
+            self._admit_batch(step)
+        ranking = self.policy.rank(self.running, self.waiting, now)
+        for idx, req in enumerate(ranking):
+            if step.budget <= 0:
                 break
-            if id(req) in preempted_now:
-                continue
             waiting = req.status is not RequestStatus.RUNNING
-            if waiting and (not may_admit or pressure):
+            if id(req) in step.preempted or (waiting and not step.may_admit):
                 continue
-            place = self._placement(req, budget)
+            place = self._placement(req, step.budget)
             if place is None:
                 # An unsplittable prompt waits for a step with room; later requests do not jump ahead of it.
-                may_admit = may_admit and not waiting
+                step.may_admit &= not waiting
                 continue
-            if waiting and len(self.running) >= cfg.max_num_seqs:
-                if not self._preempt_lower(req, order, idx, out, preempted_now, need_slot=True,
-                                           target=self._pages_wanted(place, waiting)):
-                    may_admit = False
-                    continue
-                place = self._placement(req, budget)  # the victim's release may have turned hits evictable
-            if not self.pool.can_allocate(self._pages_wanted(place, waiting)):
-                pressure = pressure or not waiting
-                self._preempt_lower(req, order, idx, out, preempted_now, need_slot=False,
-                                    target=self._pages_wanted(place, waiting))
-                # Victims' releases may have turned some of its cache hits evictable: count again.
-                place = self._placement(req, budget)
-                if not self.pool.can_allocate(self._pages_wanted(place, waiting)):
-                    if waiting:
-                        may_admit = False  # head-of-line: no later request jumps ahead for lack of pages
-                    else:
-                        self._preempt(req, out)  # nothing ranked below it to free pages: it yields its own
-                        preempted_now.add(id(req))
-                    continue
-            if waiting:
-                self._admit(req)
-            self._place(req, place, out)
-            out.seqs.append(ScheduledSeq(req, place.num_computed, place.num_new_tokens,
-                                         place.num_computed + place.num_new_tokens == req.num_tokens))
-            budget -= place.num_new_tokens
-            if req.metrics.first_scheduled_time is None:
-                req.metrics.first_scheduled_time = now
-            req.last_scheduled_time = now
-            req.num_served_tokens += place.num_new_tokens
-            policy.on_scheduled(req, place.num_new_tokens, now)
-
+            place = self._make_room(req, place, ranking[idx + 1:], step)
+            if place is not None:
+                self._commit(req, place, step)
         if self.host_pool is not None:
-            self.host_pool.free(self._host_frees)
-        out.num_batched_tokens = cfg.max_num_batched_tokens - budget
-        return out
+            self.host_pool.free(step.host_frees)
+        step.out.num_batched_tokens = self.config.max_num_batched_tokens - step.budget
+        return step.out
+
+    def _admit_batch(self, step: _Step) -> None:
+        """Static batching: move a whole batch into the running set, then admit nothing else this step."""
+        if step.may_admit:
+            free_slots = self.config.max_num_seqs - len(self.running)
+            for req in self.policy.rank([], self.waiting, step.out.time)[:free_slots]:
+                self._admit(req)
+        step.may_admit = False
+
+    def _make_room(self, req: Request, place: _Placement, lower_ranked: list[Request],
+                   step: _Step) -> _Placement | None:
+        """A slot and pages for `req`, preempting requests ranked below it as the policy allows. Returns the
+        placement to commit (counted again after any preemption), or None when there is no room this step."""
+        waiting = req.status is not RequestStatus.RUNNING
+        if waiting and len(self.running) >= self.config.max_num_seqs:
+            if not self._preempt_lower(req, lower_ranked, step, need_slot=True,
+                                       target=self._pages_wanted(place, waiting)):
+                step.may_admit = False
+                return None
+            place = self._placement(req, step.budget)  # the victim's release may have turned hits evictable
+        if self.pool.can_allocate(self._pages_wanted(place, waiting)):
+            return place
+        if not waiting:
+            step.may_admit = False  # a running sequence lacked pages: admit nothing more this step
+        self._preempt_lower(req, lower_ranked, step, need_slot=False, target=self._pages_wanted(place, waiting))
+        # Victims' releases may have turned some of its cache hits evictable: count again.
+        place = self._placement(req, step.budget)
+        if self.pool.can_allocate(self._pages_wanted(place, waiting)):
+            return place
+        if waiting:
+            step.may_admit = False  # head-of-line: no later request jumps ahead for lack of pages
+        else:
+            self._preempt(req, step)  # nothing ranked below it to free pages: it yields its own
+        return None
+
+    def _commit(self, req: Request, place: _Placement, step: _Step) -> None:
+        """Schedule `req` this step as `place` describes: admit it if waiting, give it its pages, charge the
+        budget."""
+        if req.status is not RequestStatus.RUNNING:
+            self._admit(req)
+        self._place(req, place, step)
+        end = place.num_computed_tokens + place.num_new_tokens
+        step.out.seqs.append(ScheduledSeq(req, place.num_computed_tokens, place.num_new_tokens,
+                                          samples_token=end == req.num_tokens))
+        step.budget -= place.num_new_tokens
+        now = step.out.time
+        if req.metrics.first_scheduled_time is None:
+            req.metrics.first_scheduled_time = now
+        req.last_scheduled_time = now
+        req.num_served_tokens += place.num_new_tokens
+        self.policy.on_scheduled(req, place.num_new_tokens, now)
 
     def _pages_wanted(self, place: _Placement, waiting: bool) -> int:
         # A newcomer also leaves the watermark free, so running sequences can grow.
         return place.pages_needed + (self.config.watermark_pages if waiting and self.running else 0)
 
-    def _num_new_tokens(self, req: Request, num_computed: int, budget: int) -> int:
-        left = req.num_tokens - num_computed
+    def _num_new_tokens(self, req: Request, computed: int, budget: int) -> int:
+        left = req.num_tokens - computed
         cap = budget if self.policy.chunk_size is None else min(budget, self.policy.chunk_size)
         n = min(left, cap)
         chunked = self.policy.chunked_prefill
@@ -222,22 +247,22 @@ class Scheduler:
         G = self.config.page_size
         hits: list[int] = []
         if req.pages:  # running: extend
-            num_computed, have = req.num_computed_tokens, len(req.pages)
+            computed, have = req.num_computed_tokens, len(req.pages)
         elif req.host_pages:  # swapped out: its pages come back from host
-            num_computed, have = req.num_computed_tokens, len(req.host_pages)
+            computed, have = req.num_computed_tokens, len(req.host_pages)
         else:  # fresh, recomputing, or admitted in a static batch and not started: the prefix cache may help
             hits = self._lookup(req)
-            num_computed, have = len(hits) * G, len(hits)
-        n = self._num_new_tokens(req, num_computed, budget)
+            computed, have = len(hits) * G, len(hits)
+        n = self._num_new_tokens(req, computed, budget)
         if n == 0:
             return None
-        total = pages_for(num_computed + n, G)
+        total = pages_for(computed + n, G)
         if self.policy.reserve_to_completion and not req.pages:
             lifetime = min(req.num_prompt_tokens + req.params.max_tokens, self.config.max_model_len)
             total = max(total, pages_for(lifetime, G))
         revived = sum(1 for p in hits if self.pool.refcount(p) == 0)
         swapped_in = len(req.host_pages) if not req.pages else 0
-        return _Placement(num_computed, n, hits, max(0, total - have), revived, swapped_in)
+        return _Placement(computed, n, hits, max(0, total - have), revived, swapped_in)
 
     def _lookup(self, req: Request) -> list[int]:
         if not self.pool.enable_caching:
@@ -248,14 +273,14 @@ class Scheduler:
         chain_hashes(req.all_token_ids, G, req.page_hashes, upto=max_pages * G)
         return self.pool.lookup(req.page_hashes[:max_pages])
 
-    def _place(self, req: Request, place: _Placement, out: SchedulerOutput) -> None:
+    def _place(self, req: Request, place: _Placement, step: _Step) -> None:
         """Give the request the pages the placement describes."""
         pool = self.pool
         if req.host_pages:
             device = pool.allocate(len(req.host_pages), self.policy.choose_eviction)
-            out.swap_in.extend(zip(req.host_pages, device))
+            step.out.swap_in.extend(zip(req.host_pages, device))
             self.num_swapped_in_pages += len(device)
-            self._host_frees.extend(req.host_pages)
+            step.host_frees.extend(req.host_pages)
             req.host_pages = []
             req.pages = device
         elif not req.pages:
@@ -264,7 +289,7 @@ class Scheduler:
             pool.incref(place.hits)
             req.pages = list(place.hits)
             req.num_registered_pages = len(place.hits)
-            req.num_computed_tokens = place.num_computed
+            req.num_computed_tokens = place.num_computed_tokens
         req.pages.extend(pool.allocate(place.num_new_pages, self.policy.choose_eviction))
 
     def _admit(self, req: Request) -> None:
@@ -274,26 +299,25 @@ class Scheduler:
         self._num_admissions += 1
         self.running.append(req)
 
-    def _preempt_lower(self, req: Request, order: list[Request], idx: int, out: SchedulerOutput,
-                       preempted_now: set[int], *, need_slot: bool, target: int) -> bool:
+    def _preempt_lower(self, req: Request, lower_ranked: list[Request], step: _Step, *, need_slot: bool,
+                       target: int) -> bool:
         """Preempt running requests ranked below `req` (as the policy allows) until it has a slot (need_slot) or
         `target` free pages. Returns whether that was reached; preempts nobody when it cannot be."""
-        lower = [r for r in order[idx + 1:] if r.status is RequestStatus.RUNNING]
+        lower = [r for r in lower_ranked if r.status is RequestStatus.RUNNING]
         candidates = self.policy.victims(req, lower)
         if not candidates:
             return False
         if not need_slot and self.pool.num_free + sum(len(c.pages) for c in candidates) < target:
             return False  # even all of them would not free enough: preempting would only waste their work
         while candidates:
-            victim = self.policy.choose_victim(candidates, out.time)
+            victim = self.policy.choose_victim(candidates, step.out.time)
             candidates = [c for c in candidates if c is not victim]
-            self._preempt(victim, out)
-            preempted_now.add(id(victim))
+            self._preempt(victim, step)
             if need_slot or self.pool.can_allocate(target):
                 return True
         return False
 
-    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+    def _preempt(self, req: Request, step: _Step) -> None:
         """Take a running request off the device. Swap mode moves the KV of its computed tokens to host pages
         (when the host pool has room); otherwise the KV is dropped and recomputed on resume. Either way it goes
         back to the waiting queue, keeping its generated tokens."""
@@ -305,7 +329,7 @@ class Scheduler:
             host = self.host_pool
             if host is not None and 0 < k and host.can_allocate(k):
                 req.host_pages = host.allocate(k)
-                out.swap_out.extend(zip(req.pages[:k], req.host_pages))
+                step.out.swap_out.extend(zip(req.pages[:k], req.host_pages))
                 self.num_swapped_out_pages += k
                 self.num_swap_preemptions += 1
             else:
@@ -318,7 +342,8 @@ class Scheduler:
         req.num_preemptions += 1
         req.metrics.num_preemptions += 1
         self.num_preemptions += 1
-        out.preempted.append(req)
+        step.out.preempted.append(req)
+        step.preempted.add(id(req))
         self.waiting.append(req)
 
     # ---- after the step ---------------------------------------------------------------------------------------
@@ -334,7 +359,7 @@ class Scheduler:
             req.num_computed_tokens += seq.num_new_tokens
             if caching:
                 self._register_full_pages(req)
-            if not seq.sample:
+            if not seq.samples_token:
                 continue
             token = int(token)
             req.append_token(token)
@@ -358,6 +383,7 @@ class Scheduler:
             for i in range(req.num_registered_pages, full):
                 self.pool.register(req.pages[i], req.page_hashes[i])
             req.num_registered_pages = full
+
     def _stop_reason(self, req: Request, token: int, eos_token_id: int | None) -> FinishReason | None:
         p = req.params
         if token in p.stop_token_ids or (not p.ignore_eos and eos_token_id is not None and token == eos_token_id):
@@ -375,3 +401,27 @@ class Scheduler:
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         req.metrics.finished_time = self.clock.now() if now is None else now
+
+
+class ReadOnlyScheduler:
+    """The SchedulerView a policy gets (cbjax.core.policy): the queues and the prefix cache, read-only."""
+
+    __slots__ = ("_scheduler",)
+
+    def __init__(self, scheduler: Scheduler):
+        self._scheduler = scheduler
+
+    @property
+    def running(self) -> tuple[Request, ...]:
+        return tuple(self._scheduler.running)
+
+    @property
+    def waiting(self) -> tuple[Request, ...]:
+        return tuple(self._scheduler.waiting)
+
+    @property
+    def prefix_caching(self) -> bool:
+        return self._scheduler.pool.enable_caching
+
+    def cached_prefix_tokens(self, req: Request) -> int:
+        return self._scheduler.cached_prefix_tokens(req)

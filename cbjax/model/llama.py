@@ -133,7 +133,7 @@ class Llama(nnx.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = _linear(cfg, cfg.hidden_size, cfg.vocab_size, rngs)
 
-    def __call__(self, tokens, positions, kv_caches, md: AttentionMetadata, backend: str = "reference",
+    def __call__(self, tokens, positions, kv_caches, md: AttentionMetadata, backend: str = "xla",
                  interpret: bool = False):
         """Serving forward: tokens, positions [T] -> final hidden states [T, D] and the updated caches."""
         x = self.embed(tokens)

@@ -13,9 +13,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# Incremented while tracing, i.e. once per compiled swap program; the runner adds it to its compile count.
-TRACES = [0]
-
 # Smallest bucket: below this the per-call overhead dominates, and fewer buckets mean fewer programs to compile.
 MIN_BUCKET = 4
 # Largest bucket (pages per call): 64 pages bounds both the staging buffers and the padding waste of one call.
@@ -25,7 +22,6 @@ MAX_PAGES_PER_CALL = 64
 @jax.jit
 def _gather(kv_caches, idx):
     """kv_caches: L x ([K, P+1, G, H], same); idx: [n] int32 device pages -> [n, L, 2, K, G, H]."""
-    TRACES[0] += 1
     pages = jnp.stack([jnp.stack([k[:, idx], v[:, idx]]) for k, v in kv_caches])  # [L, 2, K, n, G, H]
     return jnp.moveaxis(pages, 3, 0)
 
@@ -34,7 +30,6 @@ def _gather(kv_caches, idx):
 @functools.partial(jax.jit, donate_argnums=(0,))
 def _scatter(kv_caches, idx, pages):
     """Write pages [n, L, 2, K, G, H] into device pages idx [n]; returns the updated caches."""
-    TRACES[0] += 1
     pages = jnp.moveaxis(pages, 0, 3)  # [L, 2, K, n, G, H]
     return [(k.at[:, idx].set(pages[l, 0]), v.at[:, idx].set(pages[l, 1])) for l, (k, v) in enumerate(kv_caches)]
 

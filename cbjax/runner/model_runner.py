@@ -10,17 +10,9 @@ from flax import nnx
 from cbjax.core.scheduler import SchedulerOutput
 from cbjax.model.llama import AttentionMetadata, Llama
 from cbjax.runner import kv_swap
+from cbjax.runner.compile_counter import CompileCounter
 from cbjax.runner.sampler import sample
 from cbjax.runner.step_input import BucketTable, StepInput, empty_step_input, pack_step
-
-# Incremented while tracing, i.e. once per compiled program: the runner's compile counter reads it.
-_TRACES = [0]
-
-
-def _num_traces() -> int:
-    """Compiles so far of the step and of the swap programs (kv_swap keeps its own counter)."""
-    return _TRACES[0] + kv_swap.TRACES[0]
-
 
 class _Static:
     """A static jit argument with a precomputed hash and identity equality.
@@ -52,7 +44,6 @@ def _intern(value) -> _Static:
 @functools.partial(jax.jit, static_argnames=("graphdef", "backend", "interpret"), donate_argnames=("kv_caches",))
 def _step(params, kv_caches, inp: StepInput, *, graphdef, backend: str, interpret: bool):
     """params: the model state's leaves; graphdef: interned (GraphDef, state treedef)."""
-    _TRACES[0] += 1
     module_def, treedef = graphdef.value
     model = nnx.merge(module_def, jax.tree.unflatten(treedef, params))
     md = AttentionMetadata(inp.slot_mapping, inp.kv_lens, inp.page_indices, inp.cu_q_lens, inp.num_seqs)
@@ -74,7 +65,7 @@ class ModelRunner:
     """
 
     def __init__(self, model: Llama, *, num_pages: int, page_size: int, buckets: BucketTable,
-                 backend: str = "reference", interpret: bool = False, num_host_pages: int = 0,
+                 backend: str = "xla", interpret: bool = False, num_host_pages: int = 0,
                  swap_pages_per_call: int = kv_swap.MAX_PAGES_PER_CALL):
         cfg = model.cfg
         self.cfg = cfg
@@ -98,7 +89,7 @@ class ModelRunner:
         self.host_pool = None if num_host_pages == 0 else kv_swap.HostKVPool(
             num_host_pages, num_device_pages=num_pages, num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads,
             page_size=page_size, head_dim=cfg.dim_per_head, dtype=dt, max_pages_per_call=swap_pages_per_call)
-        self.num_compiles = 0
+        self.compiles = CompileCounter()  # programs this runner's calls compiled (warmup included)
         self.last_host_s = 0.0
         self.last_device_s = 0.0
         self.last_padded_tokens = 0
@@ -106,11 +97,14 @@ class ModelRunner:
         self.swap_out_bytes_total = 0
         self.swap_in_bytes_total = 0
 
+    @property
+    def num_compiles(self) -> int:
+        return self.compiles.num_compiles
+
     def _run(self, inp: StepInput):
-        before = _num_traces()
-        tokens, self.kv_caches = _step(self.params, self.kv_caches, inp, graphdef=self.graphdef,
-                                       backend=self.backend, interpret=self.interpret)
-        self.num_compiles += _num_traces() - before
+        with self.compiles.counting():
+            tokens, self.kv_caches = _step(self.params, self.kv_caches, inp, graphdef=self.graphdef,
+                                           backend=self.backend, interpret=self.interpret)
         return tokens
 
     def _reset_swap_stats(self) -> None:
@@ -126,9 +120,8 @@ class ModelRunner:
             self._run(empty_step_input(T, b.slots(T), b.pages_per_seq, self.pad_page, self.page_size)
                       ).block_until_ready()
         if self.host_pool is not None:
-            before = _num_traces()
-            self.kv_caches = self.host_pool.warmup(self.kv_caches)
-            self.num_compiles += _num_traces() - before
+            with self.compiles.counting():
+                self.kv_caches = self.host_pool.warmup(self.kv_caches)
         return time.perf_counter() - t0
 
     def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
@@ -141,13 +134,12 @@ class ModelRunner:
         pool = self.host_pool
         out_dev, out_host, in_host, in_dev = pool.check(swap_out, swap_in)
         t0 = time.perf_counter()
-        before = _num_traces()
-        if len(out_dev):
-            pool.swap_out(self.kv_caches, out_dev, out_host)  # waits for the host copy
-        if len(in_host):
-            self.kv_caches = pool.swap_in(self.kv_caches, in_host, in_dev)
-            jax.block_until_ready(self.kv_caches)  # so last_swap_s holds the whole copy, not just its dispatch
-        self.num_compiles += _num_traces() - before
+        with self.compiles.counting():
+            if len(out_dev):
+                pool.swap_out(self.kv_caches, out_dev, out_host)  # waits for the host copy
+            if len(in_host):
+                self.kv_caches = pool.swap_in(self.kv_caches, in_host, in_dev)
+                jax.block_until_ready(self.kv_caches)  # so last_swap_s holds the whole copy, not just its dispatch
         self.last_swap_s = time.perf_counter() - t0
         self.last_swap_out_bytes = len(out_dev) * pool.bytes_per_page
         self.last_swap_in_bytes = len(in_host) * pool.bytes_per_page

@@ -89,7 +89,7 @@ def pack_step(out: SchedulerOutput, buckets: BucketTable, pad_page: int) -> tupl
     for i, j in enumerate(order):
         s = seqs[j]
         r = s.request
-        c, k = s.num_computed, s.num_new_tokens
+        c, k = s.num_computed_tokens, s.num_new_tokens
         tok[off:off + k] = r.all_token_ids[c:c + k]
         if k == 1:
             pos[off] = c

@@ -59,7 +59,7 @@ class FakeRunner:
             for p in seq.request.pages:
                 holders[p] = holders.get(p, 0) + 1
         for seq in out.seqs:
-            r, c, k = seq.request, seq.num_computed, seq.num_new_tokens
+            r, c, k = seq.request, seq.num_computed_tokens, seq.num_new_tokens
             for pos in range(c, c + k):
                 page = r.pages[pos // G]
                 assert self.sched.pool.refcount(page) == 1 and holders[page] == 1, (
@@ -67,7 +67,7 @@ class FakeRunner:
                 self.kv[page, pos % G] = (r.all_token_ids[pos], pos)
         tokens = []
         for seq in out.seqs:
-            r, n = seq.request, seq.num_computed + seq.num_new_tokens
+            r, n = seq.request, seq.num_computed_tokens + seq.num_new_tokens
             ctx = tuple(self.kv.get((r.pages[p // G], p % G)) for p in range(n))
             tokens.append(next_token(ctx, self.vocab_size) if None not in ctx else -1)
         return tokens

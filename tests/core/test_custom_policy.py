@@ -2,7 +2,8 @@
 import pytest
 
 from cbjax.core import Request, SamplingParams, Scheduler, SchedulerConfig, VirtualClock
-from cbjax.core.policies import POLICIES, Policy, by_admission, make_policy
+from cbjax.core.policies import POLICIES, FCFSPolicy, make_policy
+from cbjax.core.policy import Policy, by_admission
 
 from tests.core.test_policy_invariants import Case, run_case
 
@@ -52,7 +53,7 @@ def test_unknown_policy_options_are_errors():
     assert make_policy("edf", {"class_slack_s": {"0": 2.0}}).class_slack_s == {0: 2.0}
 
 
-class MostRecentEviction(Policy):
+class MostRecentEviction(FCFSPolicy):
     """fcfs that overwrites the most recently released cached page first (the eviction hook)."""
 
     name = "mru_eviction"

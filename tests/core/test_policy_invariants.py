@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cbjax.core import Request, SamplingParams, Scheduler, SchedulerConfig, VirtualClock
-from cbjax.core.policies import POLICIES, VICTIMS
+from cbjax.core.policies import POLICIES
+from cbjax.core.policy import VICTIMS
 from cbjax.core.request import RequestStatus
 from cbjax.core.scheduler import pages_for
 

@@ -27,7 +27,7 @@ def test_chunked_prefill_splits_long_prompt_over_steps():
     chunks = []
     while s.has_unfinished():
         out = run_step(s)
-        chunks.append([(q.num_new_tokens, q.sample) for q in out.seqs])
+        chunks.append([(q.num_new_tokens, q.samples_token) for q in out.seqs])
     assert chunks == [[(32, False)], [(32, False)], [(6, True)], [(1, True)]]
     assert r.output_token_ids == [7, 7] and r.finish_reason.value == "length"
     assert s.pool.num_free == 64

@@ -1,0 +1,132 @@
+"""The policy interface: the decisions a Scheduler delegates, each behind its own hook.
+
+The Scheduler does the bookkeeping (token budget, slots, pages, swaps, state changes). A policy answers:
+
+  rank(running, waiting, now)     the step's order: every request, most important first. The scheduler walks it,
+                                  giving each its next chunk while the token budget and the slots last, so the
+                                  order also decides "decodes first or prefills first".
+  chunked_prefill, chunk_size     may a prompt that fits one step be split; the most tokens a sequence gets a step.
+  reserve_to_completion           admission reserves pages for prompt + max_tokens (never preempts later) instead
+                                  of admitting optimistically.
+  may_admit(running, waiting, now)  may waiting requests join now at all (static batching says no mid-batch).
+  victims(requester, lower)       which running requests ranked below `requester` it may preempt for pages or a
+                                  slot (default: a running sequence may preempt any of them, a waiting one none).
+  choose_victim(candidates, now)  which one goes first (the `victim` option: rank, last_admitted,
+                                  lowest_priority, longest_running, cheapest_recompute).
+  choose_eviction(pages)          which released prefix-cache page to overwrite (None = least recently used).
+  on_scheduled / on_arrival       accounting for stateful policies (mlfq levels, fair-share counters).
+  next_event_time(running, waiting)  when the policy will admit although nothing changes (a static timeout);
+                                  the online loop sleeps until then.
+
+A policy reads the scheduler's state through `self.view`, a read-only `SchedulerView` the Scheduler attaches
+when it is built: the queues and the prefix cache's contents, never the means to change them.
+
+A new policy is a small subclass that implements `rank` (and perhaps `victims`): see docs/policies.md. The zoo is
+in policies.py; register a policy in `POLICIES` there to make it reachable by name from EngineConfig.policy,
+`LLM(policy=...)` and the experiment configs. Priorities follow vLLM: a lower `priority` value is more important.
+"""
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+from cbjax.core.request import Request, RequestStatus
+
+
+def by_admission(reqs: Iterable[Request]) -> list[Request]:
+    """Running requests in the order they were admitted (a building block for `rank`)."""
+    return sorted(reqs, key=lambda r: r.admission_order)
+
+
+def by_arrival(reqs: Iterable[Request]) -> list[Request]:
+    """Requests in arrival order (a building block for `rank`)."""
+    return sorted(reqs, key=lambda r: r.arrival_order)
+
+
+def fcfs_order(running: Iterable[Request], waiting: Iterable[Request]) -> list[Request]:
+    """Running requests in admission order, then waiting ones in arrival order (continuous FCFS)."""
+    return by_admission(running) + by_arrival(waiting)
+
+
+# ---- victim choice: among the running requests a requester may preempt, which goes first -----------------------
+def _victim_rank(cands: Sequence[Request], now: float) -> Request:
+    return cands[-1]  # candidates come in rank order: the least important
+
+
+VICTIMS = {
+    "rank": _victim_rank,
+    "last_admitted": lambda cands, now: max(cands, key=lambda r: r.admission_order),
+    "lowest_priority": lambda cands, now: max(cands, key=lambda r: (r.priority, r.admission_order)),
+    # The one that has decoded longest: it holds the most pages, so one preemption frees the most.
+    "longest_running": lambda cands, now: max(cands, key=lambda r: (len(r.output_token_ids), r.admission_order)),
+    # The least KV to rebuild (or to move, under swap).
+    "cheapest_recompute": lambda cands, now: min(cands, key=lambda r: (r.num_computed_tokens, -r.admission_order)),
+}
+
+
+class SchedulerView(Protocol):
+    """What a policy may read of its Scheduler (cbjax.core.scheduler.ReadOnlyScheduler implements it)."""
+
+    @property
+    def running(self) -> Sequence[Request]: ...
+
+    @property
+    def waiting(self) -> Sequence[Request]: ...
+
+    @property
+    def prefix_caching(self) -> bool: ...
+
+    def cached_prefix_tokens(self, req: Request) -> int:
+        """Tokens of the request's context a fresh admission would find in the prefix cache."""
+        ...
+
+
+class Policy:
+    """The base of every policy: the hooks' defaults. `rank` has none; `FCFSPolicy` is continuous FCFS."""
+
+    name: str = ""  # the registry name (POLICIES); empty for abstract bases
+    # Admission moves a whole batch (up to max_num_seqs) into the running set at once (static batching).
+    admits_whole_batch = False
+    chunked_prefill: bool | None = None  # None: the engine's enable_chunked_prefill; False: whole prompts only
+    chunk_size: int | None = None  # most tokens one sequence computes in a step (None: the step's budget)
+    reserve_to_completion = False
+    # A waiting request may preempt lower-ranked running ones (for pages or for a slot).
+    preempts_for_admission = False
+
+    def __init__(self, victim: str = "rank", reserve_to_completion: bool | None = None):
+        if victim not in VICTIMS:
+            raise ValueError(f"unknown victim choice {victim!r}; known: {sorted(VICTIMS)}")
+        self.victim = victim
+        self._choose = VICTIMS[victim]
+        if reserve_to_completion is not None:
+            self.reserve_to_completion = reserve_to_completion
+        self.view: SchedulerView | None = None  # attached by the Scheduler
+
+    def attach(self, view: SchedulerView) -> None:
+        self.view = view
+
+    # ---- hooks ------------------------------------------------------------------------------------------------
+    def rank(self, running: Sequence[Request], waiting: Sequence[Request], now: float) -> list[Request]:
+        raise NotImplementedError(f"{type(self).__name__} must implement rank()")
+
+    def may_admit(self, running: Sequence[Request], waiting: Sequence[Request], now: float) -> bool:
+        return True
+
+    def victims(self, requester: Request, lower: list[Request]) -> list[Request]:
+        """`lower`: the running requests ranked below `requester` and not yet scheduled this step, in rank order."""
+        if requester.status is RequestStatus.RUNNING or self.preempts_for_admission:
+            return lower
+        return []
+
+    def choose_victim(self, candidates: Sequence[Request], now: float) -> Request:
+        return self._choose(candidates, now)
+
+    def choose_eviction(self, evictable: Iterable[int]) -> int | None:
+        return None  # least recently released first (the pool's own order)
+
+    def on_arrival(self, req: Request, now: float) -> None:
+        pass
+
+    def on_scheduled(self, req: Request, num_tokens: int, now: float) -> None:
+        pass
+
+    def next_event_time(self, running: Sequence[Request], waiting: Sequence[Request]) -> float | None:
+        return None

@@ -2,6 +2,7 @@
 
 Names are imported lazily, so `import cbjax.core` (the pure-Python scheduler) never pulls in jax.
 """
+
 import importlib
 
 _EXPORTS = {

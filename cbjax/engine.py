@@ -3,6 +3,7 @@
 The engine owns the request table, validates input (a bad request is refused with a ValueError and nothing else
 is disturbed), and records per-step statistics for the metrics.
 """
+
 import dataclasses
 import math
 import numbers
@@ -59,8 +60,9 @@ class LLMEngine:
     Engine options are EngineConfig's fields as keywords.
     """
 
-    def __init__(self, model: "str | ModelConfig | Llama | None" = "llama-tiny", *, clock: Clock | None = None,
-                 **options):
+    def __init__(
+        self, model: "str | ModelConfig | Llama | None" = "llama-tiny", *, clock: Clock | None = None, **options
+    ):
         unknown = set(options) - {f.name for f in dataclasses.fields(EngineConfig)}
         if unknown:
             raise ValueError(f"unknown engine options: {sorted(unknown)}")
@@ -78,20 +80,38 @@ class LLMEngine:
             num_host_pages = cfg.num_host_pages
             if num_host_pages is None:
                 num_host_pages = int(cfg.swap_space_gib * 2**30) // kv_cache_bytes_per_page(mcfg, cfg.page_size)
-        self.config = cfg = dataclasses.replace(cfg, num_pages=num_pages, max_model_len=max_model_len,
-                                                num_host_pages=num_host_pages)
+        self.config = cfg = dataclasses.replace(
+            cfg, num_pages=num_pages, max_model_len=max_model_len, num_host_pages=num_host_pages
+        )
         self.buckets = BucketTable.build(cfg.max_num_batched_tokens, max_model_len, cfg.page_size, cfg.max_num_seqs)
         # Built before the model runner so a bad policy, policy option or preemption mode fails before any compile.
-        self.scheduler = Scheduler(SchedulerConfig(
-            max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
-            page_size=cfg.page_size, num_pages=num_pages, max_model_len=max_model_len, policy=cfg.policy,
-            policy_options=dict(cfg.policy_options or {}), enable_chunked_prefill=cfg.enable_chunked_prefill,
-            watermark_pages=int(cfg.watermark_fraction * num_pages), static_batch_timeout_s=cfg.static_batch_timeout_s,
-            preemption_mode=cfg.preemption_mode, num_host_pages=num_host_pages,
-            enable_prefix_caching=cfg.enable_prefix_caching), self.clock)
-        self.runner = ModelRunner(self.model, num_pages=num_pages, page_size=cfg.page_size, buckets=self.buckets,
-                                  backend=resolve_backend(cfg.attention_backend), interpret=cfg.pallas_interpret,
-                                  num_host_pages=num_host_pages)
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_seqs=cfg.max_num_seqs,
+                max_num_batched_tokens=cfg.max_num_batched_tokens,
+                page_size=cfg.page_size,
+                num_pages=num_pages,
+                max_model_len=max_model_len,
+                policy=cfg.policy,
+                policy_options=dict(cfg.policy_options or {}),
+                enable_chunked_prefill=cfg.enable_chunked_prefill,
+                watermark_pages=int(cfg.watermark_fraction * num_pages),
+                static_batch_timeout_s=cfg.static_batch_timeout_s,
+                preemption_mode=cfg.preemption_mode,
+                num_host_pages=num_host_pages,
+                enable_prefix_caching=cfg.enable_prefix_caching,
+            ),
+            self.clock,
+        )
+        self.runner = ModelRunner(
+            self.model,
+            num_pages=num_pages,
+            page_size=cfg.page_size,
+            buckets=self.buckets,
+            backend=resolve_backend(cfg.attention_backend),
+            interpret=cfg.pallas_interpret,
+            num_host_pages=num_host_pages,
+        )
         self.warmup_s = self.runner.warmup() if cfg.warmup else 0.0
         self.requests: dict[str, Request] = {}
         self._pending: list[Request] = []  # finished outside a step (aborts) and not yet reported
@@ -117,9 +137,17 @@ class LLMEngine:
         return init_model(mcfg, cfg.seed), None
 
     # ---- requests ---------------------------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt: "str | Sequence[int]", params: SamplingParams | None = None,
-                    arrival_time: float | None = None, *, priority: int = 0, tenant: str = "default",
-                    deadline: float | None = None) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: "str | Sequence[int]",
+        params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+        *,
+        priority: int = 0,
+        tenant: str = "default",
+        deadline: float | None = None,
+    ) -> None:
         """Queue a request. Raises ValueError (naming the problem) for bad input; nothing else is affected.
 
         `priority` (lower is more important), `tenant` and `deadline` (absolute, on the engine's clock) are read
@@ -136,25 +164,41 @@ class LLMEngine:
             # The scheduler stops on one eos id; the checkpoint's other eos ids become stop tokens (same reason).
             params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + mcfg.extra_eos_token_ids)
         if len(tokens) > cfg.max_model_len:
-            raise ValueError(f"request {request_id!r}: prompt of {len(tokens)} tokens is longer than "
-                             f"max_model_len={cfg.max_model_len}")
+            raise ValueError(
+                f"request {request_id!r}: prompt of {len(tokens)} tokens is longer than "
+                f"max_model_len={cfg.max_model_len}"
+            )
         if total > cfg.max_model_len:
-            raise ValueError(f"request {request_id!r}: prompt ({len(tokens)}) + max_tokens ({params.max_tokens}) "
-                             f"= {total} exceeds max_model_len={cfg.max_model_len}")
+            raise ValueError(
+                f"request {request_id!r}: prompt ({len(tokens)}) + max_tokens ({params.max_tokens}) "
+                f"= {total} exceeds max_model_len={cfg.max_model_len}"
+            )
         if not self.scheduler.can_ever_fit(total):
-            raise ValueError(f"request {request_id!r}: needs {-(-total // cfg.page_size)} KV pages but the pool "
-                             f"has only {cfg.num_pages}")
+            raise ValueError(
+                f"request {request_id!r}: needs {-(-total // cfg.page_size)} KV pages but the pool "
+                f"has only {cfg.num_pages}"
+            )
         if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):
             raise ValueError(f"request {request_id!r}: priority must be an integer, got {priority!r}")
         if not isinstance(tenant, str):
             raise ValueError(f"request {request_id!r}: tenant must be a string, got {tenant!r}")
-        if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, numbers.Real)
-                                     or not math.isfinite(deadline)):
+        if deadline is not None and (
+            isinstance(deadline, bool) or not isinstance(deadline, numbers.Real) or not math.isfinite(deadline)
+        ):
             raise ValueError(f"request {request_id!r}: deadline must be a finite time or None, got {deadline!r}")
         seed = params.seed if params.seed is not None else (cfg.seed * 1_000_003 + self._arrivals) % 2**32
         now = self.clock.now() if arrival_time is None else arrival_time
-        req = Request(request_id, tokens, params, now, seed, self._arrivals, priority=int(priority), tenant=tenant,
-                      deadline=None if deadline is None else float(deadline))
+        req = Request(
+            request_id,
+            tokens,
+            params,
+            now,
+            seed,
+            self._arrivals,
+            priority=int(priority),
+            tenant=tenant,
+            deadline=None if deadline is None else float(deadline),
+        )
         self._arrivals += 1
         self.requests[request_id] = req
         self.scheduler.add(req)
@@ -162,8 +206,9 @@ class LLMEngine:
     def _validate_prompt(self, request_id: str, prompt) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValueError(f"request {request_id!r}: text prompts need a tokenizer; this model has none, "
-                                 "pass token ids")
+                raise ValueError(
+                    f"request {request_id!r}: text prompts need a tokenizer; this model has none, pass token ids"
+                )
             prompt = self.tokenizer.encode(prompt)
         try:
             tokens = [int(t) for t in prompt]
@@ -207,33 +252,59 @@ class LLMEngine:
         if ran:
             # Host time = everything in the step but the waits for the sampled tokens and for swap copies.
             device_s, swap_s = self.runner.last_device_s, self.runner.last_swap_s
-            self._record_step(out, time.perf_counter() - t0 - device_s - swap_s, device_s,
-                              {k: v - before[k] for k, v in self._counters().items()})
+            self._record_step(
+                out,
+                time.perf_counter() - t0 - device_s - swap_s,
+                device_s,
+                {k: v - before[k] for k, v in self._counters().items()},
+            )
         return outputs
 
     def _counters(self) -> dict[str, int]:
         sched = self.scheduler
-        return dict(num_preemptions=sched.num_preemptions, recomputed_tokens=sched.num_recomputed_tokens,
-                    prefix_queried_tokens=sched.pool.queried_tokens, prefix_hit_tokens=sched.pool.hit_tokens)
+        return dict(
+            num_preemptions=sched.num_preemptions,
+            recomputed_tokens=sched.num_recomputed_tokens,
+            prefix_queried_tokens=sched.pool.queried_tokens,
+            prefix_hit_tokens=sched.pool.hit_tokens,
+        )
 
     def _output(self, req: Request, num_new: int) -> RequestOutput:
         if req.is_finished:
             self.requests.pop(req.request_id, None)
         reason = req.finish_reason.value if req.finish_reason is not None else None
-        new = req.output_token_ids[len(req.output_token_ids) - num_new:] if num_new else []
-        return RequestOutput(req.request_id, req.prompt_token_ids,
-                             [CompletionOutput(0, list(req.output_token_ids), new, reason)],
-                             req.is_finished, req.metrics, error=req.error)
+        new = req.output_token_ids[len(req.output_token_ids) - num_new :] if num_new else []
+        return RequestOutput(
+            req.request_id,
+            req.prompt_token_ids,
+            [CompletionOutput(0, list(req.output_token_ids), new, reason)],
+            req.is_finished,
+            req.metrics,
+            error=req.error,
+        )
 
     def _record_step(self, out, host_s: float, device_s: float, counts: dict[str, int]) -> None:
         sched, runner = self.scheduler, self.runner
-        self.step_records.append(dict(
-            time=self.clock.now(), num_running=len(sched.running), num_waiting=len(sched.waiting),
-            num_scheduled_seqs=len(out.seqs), max_num_seqs=self.config.max_num_seqs,
-            num_scheduled_tokens=out.num_batched_tokens, padded_tokens=runner.last_padded_tokens if out.seqs else 0,
-            kv_pages_used=sched.pool.num_used, kv_pages_total=sched.pool.num_pages, host_s=host_s,
-            device_s=device_s, compiles=runner.num_compiles, swap_out_bytes=runner.last_swap_out_bytes,
-            swap_in_bytes=runner.last_swap_in_bytes, swap_s=runner.last_swap_s, **counts))
+        self.step_records.append(
+            dict(
+                time=self.clock.now(),
+                num_running=len(sched.running),
+                num_waiting=len(sched.waiting),
+                num_scheduled_seqs=len(out.seqs),
+                max_num_seqs=self.config.max_num_seqs,
+                num_scheduled_tokens=out.num_batched_tokens,
+                padded_tokens=runner.last_padded_tokens if out.seqs else 0,
+                kv_pages_used=sched.pool.num_used,
+                kv_pages_total=sched.pool.num_pages,
+                host_s=host_s,
+                device_s=device_s,
+                compiles=runner.num_compiles,
+                swap_out_bytes=runner.last_swap_out_bytes,
+                swap_in_bytes=runner.last_swap_in_bytes,
+                swap_s=runner.last_swap_s,
+                **counts,
+            )
+        )
 
     def stream(self) -> Iterator[RequestOutput]:
         """Step until every request has finished, yielding each step's outputs (deltas in `new_token_ids`)."""
@@ -253,4 +324,3 @@ class LLMEngine:
 def device_kind() -> str:
     d = jax.devices()[0]
     return f"{d.platform}:{getattr(d, 'device_kind', '?')} x{jax.device_count()}"
-

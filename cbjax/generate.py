@@ -6,6 +6,7 @@
 `--model` takes anything LLMEngine takes with a tokenizer: a packaged model's name or a Hugging Face checkpoint
 directory. Nothing is downloaded.
 """
+
 import argparse
 import sys
 import time
@@ -22,8 +23,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=None, help="sampling seed (reproducible output)")
     p.add_argument("--ignore_eos", action="store_true", help="keep generating after the end-of-text token")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the model's)")
-    p.add_argument("--max_model_len", type=int, default=None,
-                   help="prompt + output tokens (default: the model's context, at most 2048)")
+    p.add_argument(
+        "--max_model_len",
+        type=int,
+        default=None,
+        help="prompt + output tokens (default: the model's context, at most 2048)",
+    )
     return p.parse_args(argv)
 
 
@@ -39,14 +44,24 @@ def generate(args: argparse.Namespace, out=sys.stdout, err=sys.stderr) -> str:
     t0 = time.perf_counter()
     checkpoint = resolve_checkpoint(args.model)
     if checkpoint is None:
-        raise SystemExit(f"--model {args.model!r}: not a packaged model nor a checkpoint directory (a random "
-                         "named config has no tokenizer)")
+        raise SystemExit(
+            f"--model {args.model!r}: not a packaged model nor a checkpoint directory (a random "
+            "named config has no tokenizer)"
+        )
     max_len = args.max_model_len or min(read_hf_config(checkpoint[0]).max_position_embeddings, 2048)
     # One request: a single slot and KV pages for one sequence of max_len. Buckets compile on first use
     # (warmup=False): a prefill and a decode shape, not the whole table.
     page_size = 16
-    engine = LLMEngine(args.model, dtype=args.dtype, max_num_seqs=1, max_num_batched_tokens=64,
-                       page_size=page_size, num_pages=-(-max_len // page_size), max_model_len=max_len, warmup=False)
+    engine = LLMEngine(
+        args.model,
+        dtype=args.dtype,
+        max_num_seqs=1,
+        max_num_batched_tokens=64,
+        page_size=page_size,
+        num_pages=-(-max_len // page_size),
+        max_model_len=max_len,
+        warmup=False,
+    )
     tok = engine.tokenizer
     if tok is None:
         raise SystemExit(f"{checkpoint[0]}: this checkpoint has no tokenizer.json; text generation needs one")
@@ -54,8 +69,14 @@ def generate(args: argparse.Namespace, out=sys.stdout, err=sys.stderr) -> str:
     max_tokens = min(args.max_tokens, max_len - len(prompt_ids))
     if max_tokens < args.max_tokens:
         print(f"[max_tokens cut to {max_tokens}: the model's context is {max_len} tokens]", file=err)
-    params = SamplingParams(max_tokens=max(max_tokens, 1), temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos)
+    params = SamplingParams(
+        max_tokens=max(max_tokens, 1),
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        ignore_eos=args.ignore_eos,
+    )
     try:
         engine.add_request("cli", prompt_ids, params)
     except ValueError as e:  # e.g. a prompt longer than the context: a message, not a traceback
@@ -73,8 +94,10 @@ def generate(args: argparse.Namespace, out=sys.stdout, err=sys.stderr) -> str:
         reason = c.finish_reason or reason
     out.write(detok.flush() + "\n")
     dt = time.perf_counter() - t1
-    print(f"[{n} tokens, finish_reason={reason}, {n / max(dt, 1e-9):.1f} tokens/s incl. compiles, "
-          f"load {t1 - t0:.1f}s]", file=err)
+    print(
+        f"[{n} tokens, finish_reason={reason}, {n / max(dt, 1e-9):.1f} tokens/s incl. compiles, load {t1 - t0:.1f}s]",
+        file=err,
+    )
     return detok.text
 
 

@@ -1,4 +1,5 @@
 """`LLM`: the offline facade shaped like vLLM's (`LLM(model=...).generate(prompts, sampling_params)`)."""
+
 from collections.abc import Sequence
 
 from cbjax.core.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -23,8 +24,12 @@ class LLM:
         llm.engine, llm._counter = engine, 0
         return llm
 
-    def generate(self, prompts: "str | Sequence[str | Sequence[int]]", sampling_params: SamplingParams
-                 | Sequence[SamplingParams] | None = None, use_tqdm: bool = False) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: "str | Sequence[str | Sequence[int]]",
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
         """Generate for every prompt; returns one RequestOutput per prompt, in order.
 
         Prompts are token-id lists, or text when the model has a tokenizer; then each output's `.text` is its
@@ -52,9 +57,14 @@ class LLM:
                 engine.add_request(rid, prompt, sp)
             except ValueError as e:
                 now = engine.clock.now()
-                results[rid] = RequestOutput(rid, list(prompt) if not isinstance(prompt, str) else [],
-                                             [CompletionOutput(0, [], [], "abort")], True,
-                                             RequestMetrics(arrival_time=now, finished_time=now), error=str(e))
+                results[rid] = RequestOutput(
+                    rid,
+                    list(prompt) if not isinstance(prompt, str) else [],
+                    [CompletionOutput(0, [], [], "abort")],
+                    True,
+                    RequestMetrics(arrival_time=now, finished_time=now),
+                    error=str(e),
+                )
         bar = None
         if use_tqdm:
             from tqdm import tqdm

@@ -5,6 +5,7 @@
 llama-tiny (random weights, no download); the chat/RAG/code mix scaled down 8x; Poisson arrivals at a rate
 continuous batching keeps up with and static batching does not (about 2 minutes, compiles included).
 """
+
 import ml_collections
 from ml_collections import config_dict
 
@@ -58,7 +59,9 @@ def get_config() -> ml_collections.ConfigDict:
     w.num_requests = 300  # requests (for files: the first N; None: all)
     w.seed = 0  # the same requests for every policy
     w.arrival = "poisson"  # offline (all at t=0) | poisson | gamma | trace
-    w.request_rate = 36.0  # requests per second (poisson, gamma): ~3/4 of what fcfs sustains on an idle 2-core CPU (48/s offline), ~2x what static does (20/s)
+    # Requests per second (poisson, gamma): ~3/4 of what fcfs sustains on an idle 2-core CPU (48/s offline), ~2x what
+    # static does (20/s).
+    w.request_rate = 36.0
     w.burstiness = 1.0  # gamma shape: < 1 burstier, 1 = poisson
     w.scale = 0.125  # multiplies every generated length (the mix is sized for a GPU)
     w.vocab_size = config_dict.placeholder(int)  # token ids below this; None: the model's vocabulary

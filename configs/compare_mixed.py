@@ -6,6 +6,7 @@ continuous/static output-throughput ratio. About 3-4 minutes on 2 CPU cores (com
 Offline (every request at t=0) so throughput is the engine's, not the arrival rate's. Every field not set here is
 compare_cpu.py's (see the comments there).
 """
+
 from cbjax.bench.config_files import sibling_config
 
 

@@ -4,6 +4,7 @@
 
 Every field not set here is compare_cpu.py's (see the comments there).
 """
+
 from cbjax.bench.config_files import sibling_config
 
 

@@ -10,14 +10,28 @@ ends at `horizon_s`, 2 s after the last arrival: what has not finished by then c
 sleeping, and arrivals are replayed exactly. About 4 minutes on 2 CPU cores.
 Every field not set here is compare_cpu.py's (see the comments there); docs/policies.md explains the policies.
 """
+
 from cbjax.bench.config_files import sibling_config
 
 
 def get_config():
     c = sibling_config(__file__, "compare_cpu.py")
     c.run_name = "policy_zoo"  # results/policy_zoo/
-    c.policies = ("fcfs", "static", "time_window", "prefill_first", "sarathi", "priority", "three_level", "sjf",
-                  "srpt_oracle", "mlfq", "fair_share", "edf", "lpm")
+    c.policies = (
+        "fcfs",
+        "static",
+        "time_window",
+        "prefill_first",
+        "sarathi",
+        "priority",
+        "three_level",
+        "sjf",
+        "srpt_oracle",
+        "mlfq",
+        "fair_share",
+        "edf",
+        "lpm",
+    )
     c.clock = "virtual"  # time advances by each step's measured wall time; never sleeps between arrivals
     c.horizon_s = 12.0  # arrivals span ~10 s; what is unfinished at 12 s counts as not completed
     c.engine.num_pages = 192  # 3072 KV tokens for 32 slots: long requests get preempted under load

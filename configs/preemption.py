@@ -7,6 +7,7 @@ Both modes must finish every request with the same outputs; the table reports th
 megabytes swapped (out + in), and steps.jsonl the bytes and copy time per step. About 2 minutes on 2 CPU cores.
 Every field not set here is compare_cpu.py's (see the comments there).
 """
+
 from cbjax.bench.config_files import sibling_config
 
 

@@ -7,6 +7,7 @@ at a rate the uncached engine barely keeps up with. A hit skips the prefill of t
 the outputs must be identical ("same out"). About 2 minutes on 2 CPU cores.
 Every field not set here is compare_cpu.py's (see the comments there).
 """
+
 from cbjax.bench.config_files import sibling_config
 
 

@@ -5,6 +5,7 @@
 
 Sized for about 20 minutes (main) and 8 minutes (draft) on a shared 2-core CPU; docs/models.md has the results.
 """
+
 import ml_collections
 
 

@@ -7,9 +7,11 @@ client-side "time_window"; see cbjax.bench.online.plan_policy and docs/policies.
 warmed up before its run so no compile is timed (engines of the same shapes share jax's compile cache, so only the
 first one compiles). Requests arrive by the workload's clock and join the engine as they arrive (cbjax.bench.online).
 Prints one row per policy and the continuous/static output-throughput ratio, and writes results/<run_name>/:
-config.json, manifest.json, summary.json, summary.csv, requests.jsonl, steps.jsonl and PNG plots (cbjax/bench/results.py,
-cbjax/bench/plots.py). Ctrl-C stops the run and writes what was measured so far. How to read it: docs/experiments.md.
+config.json, manifest.json, summary.json, summary.csv, requests.jsonl, steps.jsonl and PNG plots
+(cbjax/bench/results.py, cbjax/bench/plots.py). Ctrl-C stops the run and writes what was measured so far. How to read
+it: docs/experiments.md.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,8 +27,10 @@ from ml_collections import config_flags
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(_ROOT, "configs", "compare_cpu.py"),
-    "experiment config file; override any field with --config.<field>=<value>")
+    "config",
+    os.path.join(_ROOT, "configs", "compare_cpu.py"),
+    "experiment config file; override any field with --config.<field>=<value>",
+)
 
 # (header, summary key, format): the table's columns. Latencies in ms; rates per second.
 COLUMNS = (
@@ -54,8 +58,8 @@ def entry_plan(cfg, name: str):
     An entry is a policy name (cbjax.bench.online.plan_policy) or a label of `config.variants`, whose value names the
     policy and overrides engine options: variants.cache_on = dict(policy="fcfs", enable_prefix_caching=True).
     `config.policy_options[entry]` holds the policy's constructor options."""
-    from cbjax.engine import EngineConfig
     from cbjax.bench.online import plan_policy
+    from cbjax.engine import EngineConfig
 
     variant = _plain((cfg.get("variants") or {}).get(name) or {})
     policy = variant.pop("policy", name)
@@ -63,9 +67,13 @@ def entry_plan(cfg, name: str):
     if unknown:
         raise ValueError(f"config.variants.{name}: unknown engine option(s) {unknown}")
     options = (cfg.get("policy_options") or {}).get(name)
-    plan = plan_policy(policy, static_batch_timeout_s=cfg.engine.static_batch_timeout_s,
-                       window_ms=cfg.time_window.window_ms, max_batch=cfg.time_window.max_batch,
-                       policy_options=None if options is None else _plain(options))
+    plan = plan_policy(
+        policy,
+        static_batch_timeout_s=cfg.engine.static_batch_timeout_s,
+        window_ms=cfg.time_window.window_ms,
+        max_batch=cfg.time_window.max_batch,
+        policy_options=None if options is None else _plain(options),
+    )
     return plan, variant
 
 
@@ -130,10 +138,10 @@ def run_comparison(cfg, *, progress: bool = True, on_step: Callable | None = Non
     `on_step(policy, Progress)` is called after every engine step (tests use it to inject an interrupt)."""
     from tqdm import tqdm
 
-    from cbjax.core.clock import RealClock, VirtualClock
-    from cbjax.engine import LLMEngine
     from cbjax.bench.online import run_online
     from cbjax.bench.workload import make_workload
+    from cbjax.core.clock import RealClock, VirtualClock
+    from cbjax.engine import LLMEngine
 
     workload = make_workload(cfg.workload)
     comp = Comparison({}, {}, len(workload))
@@ -143,13 +151,21 @@ def run_comparison(cfg, *, progress: bool = True, on_step: Callable | None = Non
             plan, overrides = entry_plan(cfg, name)
             options = {**cfg.engine.to_dict(), **plan.engine_options, **overrides}
             clock = VirtualClock() if cfg.clock == "virtual" else RealClock()
-            logging.info("%s: engine policy=%s static_batch_timeout_s=%s, client=%s", name, options["policy"],
-                         options["static_batch_timeout_s"], plan.client)
+            logging.info(
+                "%s: engine policy=%s static_batch_timeout_s=%s, client=%s",
+                name,
+                options["policy"],
+                options["static_batch_timeout_s"],
+                plan.client,
+            )
             engine = LLMEngine(cfg.model, clock=clock, **options)
             comp.engines[name] = {
-                "config": dataclasses.asdict(engine.config), "buckets": dataclasses.asdict(engine.buckets),
+                "config": dataclasses.asdict(engine.config),
+                "buckets": dataclasses.asdict(engine.buckets),
                 "client": None if plan.client is None else dataclasses.asdict(plan.client),
-                "warmup_s": engine.warmup_s, "compiles_at_warmup": engine.num_compiles}
+                "warmup_s": engine.warmup_s,
+                "compiles_at_warmup": engine.num_compiles,
+            }
             bar = tqdm(total=len(workload), desc=f"{name:>11}", unit="req", disable=not progress, file=sys.stderr)
 
             def step_done(p, name=name, bar=bar):
@@ -157,8 +173,14 @@ def run_comparison(cfg, *, progress: bool = True, on_step: Callable | None = Non
                 if on_step is not None:
                     on_step(name, p)
 
-            result = run_online(engine, workload, client=plan.client, step_cost_s=step_cost_s, on_step=step_done,
-                                horizon_s=cfg.get("horizon_s"))
+            result = run_online(
+                engine,
+                workload,
+                client=plan.client,
+                step_cost_s=step_cost_s,
+                on_step=step_done,
+                horizon_s=cfg.get("horizon_s"),
+            )
             bar.close()
             comp.results[name] = result
             del engine  # free its KV cache before the next policy's engine is built
@@ -178,8 +200,12 @@ def summaries_of(cfg, comp: Comparison) -> dict[str, dict[str, Any]]:
     out = {}
     for name, res in comp.results.items():
         s = summarize(res.requests, res.steps, slo=slo)
-        s.update(interrupted=res.interrupted, num_not_arrived=res.num_not_arrived, wall_s=res.wall_s,
-                 warmup_s=comp.engines[name]["warmup_s"])
+        s.update(
+            interrupted=res.interrupted,
+            num_not_arrived=res.num_not_arrived,
+            wall_s=res.wall_s,
+            warmup_s=comp.engines[name]["warmup_s"],
+        )
         out[name] = s
     base = out.get("static", {}).get("output_throughput", math.nan)
     for s in out.values():
@@ -208,8 +234,10 @@ def format_table(summaries: Mapping[str, Mapping[str, Any]]) -> str:
     header = ["policy", *(h for h, _, _ in COLUMNS)]
     rows = [[name, *(_cell(s.get(key), fmt) for _, key, fmt in COLUMNS)] for name, s in summaries.items()]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-             for r in [header, *rows]]
+    lines = [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        for r in [header, *rows]
+    ]
     lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines)
 
@@ -219,7 +247,7 @@ def outputs_line(summaries: Mapping[str, Mapping[str, Any]]) -> str | None:
     if len(summaries) < 2:
         return None
     first = next(iter(summaries))
-    differ = [n for n, s in summaries.items() if not s.get("same_outputs", math.nan) == 1.0]
+    differ = [n for n, s in summaries.items() if s.get("same_outputs", math.nan) != 1.0]
     if not differ:
         return f"outputs: every entry generated exactly {first}'s tokens"
     return f"outputs: differ from {first}'s (or none compared) in {differ}"
@@ -236,10 +264,18 @@ def write_results(comp: Comparison, summaries, folder: str, start_time: datetime
     """manifest.json, summary.json/csv, requests.jsonl, steps.jsonl and the plots into `folder`."""
     from cbjax.bench import plots, results
 
-    results.write_json(os.path.join(folder, "manifest.json"), results.manifest(
-        start_time=start_time, engines=comp.engines,
-        extra={"interrupted": comp.interrupted, "num_requests": comp.num_requests,
-               "policies_run": list(comp.results)}))
+    results.write_json(
+        os.path.join(folder, "manifest.json"),
+        results.manifest(
+            start_time=start_time,
+            engines=comp.engines,
+            extra={
+                "interrupted": comp.interrupted,
+                "num_requests": comp.num_requests,
+                "policies_run": list(comp.results),
+            },
+        ),
+    )
     results.write_summary(folder, summaries)
     results.write_records(folder, comp.results)
     return plots.plot_all(folder, summaries, comp.results) if comp.results else []

@@ -7,8 +7,10 @@ Greedy, EOS ignored, warmup (compiling every bucket) excluded from the timed reg
 profile (host vs device time, padding waste, compiles after warmup). With --repeats N the workload runs N times
 on the same engine and wall_s is the median.
 """
+
 import json
 import os
+import pathlib
 import statistics
 import time
 
@@ -34,13 +36,19 @@ def main(argv):
     del argv
     from cbjax import LLM, SamplingParams
 
-    wl = json.load(open(FLAGS.workload))
+    wl = json.loads(pathlib.Path(FLAGS.workload).read_text())
     max_len = max(len(w["prompt_token_ids"]) + w["max_new_tokens"] for w in wl)
-    opts = dict(policy=FLAGS.policy, max_num_seqs=FLAGS.max_num_seqs,
-                max_num_batched_tokens=FLAGS.max_num_batched_tokens, page_size=FLAGS.page_size,
-                num_pages=FLAGS.num_pages, kv_cache_memory_gib=FLAGS.kv_cache_memory_gib,
-                max_model_len=FLAGS.max_model_len or max(max_len, 512), dtype=FLAGS.dtype,
-                attention_backend=FLAGS.attention_backend)
+    opts = dict(
+        policy=FLAGS.policy,
+        max_num_seqs=FLAGS.max_num_seqs,
+        max_num_batched_tokens=FLAGS.max_num_batched_tokens,
+        page_size=FLAGS.page_size,
+        num_pages=FLAGS.num_pages,
+        kv_cache_memory_gib=FLAGS.kv_cache_memory_gib,
+        max_model_len=FLAGS.max_model_len or max(max_len, 512),
+        dtype=FLAGS.dtype,
+        attention_backend=FLAGS.attention_backend,
+    )
     t = time.perf_counter()
     llm = LLM(FLAGS.model, **opts)
     setup_s = time.perf_counter() - t
@@ -61,20 +69,32 @@ def main(argv):
     dev = [s["device_s"] for s in steps]
     sched = sum(s["num_scheduled_tokens"] for s in steps)
     padded = sum(s["padded_tokens"] for s in steps)
-    print(json.dumps({
-        "method": f"cbjax_{FLAGS.policy}", "model": FLAGS.model, "requests": len(wl), "output_tokens": got,
-        "wall_s": round(wall, 3), "output_tok_per_s": round(got / wall, 2),
-        "wall_s_runs": [round(w, 3) for w in walls], "setup_s": round(setup_s, 1),
-        "warmup_s": round(engine.warmup_s, 1), "steps": len(steps),
-        "host_ms_per_step": round(1e3 * statistics.mean(host), 3),
-        "device_ms_per_step": round(1e3 * statistics.mean(dev), 3),
-        "host_fraction": round(sum(host) / (sum(host) + sum(dev)), 4),
-        "padding_waste": round(1 - sched / padded, 4), "mean_seqs_per_step": round(
-            statistics.mean(s["num_scheduled_seqs"] for s in steps), 1),
-        "preemptions": sum(s["num_preemptions"] for s in steps),
-        "compiles_warmup": compiles_before, "compiles_after_warmup": engine.num_compiles - compiles_before,
-        **{k: v for k, v in engine.config.__dict__.items() if k in opts or k == "num_pages"},
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "method": f"cbjax_{FLAGS.policy}",
+                "model": FLAGS.model,
+                "requests": len(wl),
+                "output_tokens": got,
+                "wall_s": round(wall, 3),
+                "output_tok_per_s": round(got / wall, 2),
+                "wall_s_runs": [round(w, 3) for w in walls],
+                "setup_s": round(setup_s, 1),
+                "warmup_s": round(engine.warmup_s, 1),
+                "steps": len(steps),
+                "host_ms_per_step": round(1e3 * statistics.mean(host), 3),
+                "device_ms_per_step": round(1e3 * statistics.mean(dev), 3),
+                "host_fraction": round(sum(host) / (sum(host) + sum(dev)), 4),
+                "padding_waste": round(1 - sched / padded, 4),
+                "mean_seqs_per_step": round(statistics.mean(s["num_scheduled_seqs"] for s in steps), 1),
+                "preemptions": sum(s["num_preemptions"] for s in steps),
+                "compiles_warmup": compiles_before,
+                "compiles_after_warmup": engine.num_compiles - compiles_before,
+                **{k: v for k, v in engine.config.__dict__.items() if k in opts or k == "num_pages"},
+            }
+        ),
+        flush=True,
+    )
     if FLAGS.dump_dir:
         os.makedirs(FLAGS.dump_dir, exist_ok=True)
         with open(os.path.join(FLAGS.dump_dir, "cbjax.json"), "w") as f:

@@ -10,8 +10,10 @@ batches are drawn from a per-step seed). At the end (or when `time_budget_s` run
 Hugging Face format (config.json, model.safetensors in bf16, tokenizer.json, generation_config.json), the loss
 curve is drawn, and samples are generated through the engine from the exported files.
 """
+
 import json
 import os
+import pathlib
 import sys
 import sysconfig
 import time
@@ -63,10 +65,15 @@ def train_tokenizer(texts: list[str], vocab_size: int, max_mb: float):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     # Every encoded prompt starts with EOT, as every training file does: the model sees "start of a file".
-    tok.post_processor = processors.TemplateProcessing(single=f"{EOT} $A", pair=f"{EOT} $A {EOT} $B",
-                                                       special_tokens=[(EOT, 0)])
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{EOT} $A", pair=f"{EOT} $A {EOT} $B", special_tokens=[(EOT, 0)]
+    )
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOT],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     budget, subset = max_mb * 2**20, []
     for t in texts:
         subset.append(t)
@@ -88,11 +95,23 @@ def encode_corpus(tok, texts: list[str]) -> np.ndarray:
 def model_config(cfg, vocab_size: int):
     from cbjax.model.config import ModelConfig
 
-    return ModelConfig(vocab_size=vocab_size, hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
-                       num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
-                       intermediate_size=cfg.intermediate_size, rope_theta=cfg.rope_theta, rms_norm_eps=1e-5,
-                       tie_word_embeddings=True, max_position_embeddings=cfg.seq_len, initializer_range=0.02,
-                       bos_token_id=0, eos_token_id=0, pad_token_id=0, dtype="float32")
+    return ModelConfig(
+        vocab_size=vocab_size,
+        hidden_size=cfg.hidden_size,
+        num_layers=cfg.num_layers,
+        num_heads=cfg.num_heads,
+        num_kv_heads=cfg.num_kv_heads,
+        intermediate_size=cfg.intermediate_size,
+        rope_theta=cfg.rope_theta,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        max_position_embeddings=cfg.seq_len,
+        initializer_range=0.02,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+        dtype="float32",
+    )
 
 
 def learning_rate(cfg, step: int, elapsed_s: float) -> float:
@@ -113,8 +132,11 @@ def make_optimizer(cfg):
     def decay_mask(params):
         return jax.tree.map(lambda p: p.ndim > 1, params)
 
-    return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), optax.scale_by_adam(b1=0.9, b2=0.95),
-                       optax.add_decayed_weights(cfg.weight_decay, mask=decay_mask))
+    return optax.chain(
+        optax.clip_by_global_norm(cfg.grad_clip),
+        optax.scale_by_adam(b1=0.9, b2=0.95),
+        optax.add_decayed_weights(cfg.weight_decay, mask=decay_mask),
+    )
 
 
 def make_steps(graphdef, optimizer):
@@ -140,7 +162,7 @@ def batch_at(tokens: np.ndarray, step: int, batch_size: int, seq_len: int, seed:
     """Random windows of seq_len + 1 tokens, drawn from a per-step seed: a resumed run sees the same batches."""
     rng = np.random.default_rng([seed, step])
     starts = rng.integers(0, len(tokens) - seq_len - 1, batch_size)
-    return np.stack([tokens[s:s + seq_len + 1] for s in starts]).astype(np.int32)
+    return np.stack([tokens[s : s + seq_len + 1] for s in starts]).astype(np.int32)
 
 
 # ---- export -------------------------------------------------------------------------------------------------------
@@ -152,8 +174,17 @@ def export(model, tok, out_dir: str, dtype: str) -> None:
     tok.save(os.path.join(out_dir, "tokenizer.json"))
     # For transformers' AutoTokenizer (cbjax itself reads tokenizer.json only).
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOT, "eos_token": EOT,
-                   "pad_token": EOT, "model_max_length": model.cfg.max_position_embeddings}, f, indent=2)
+        json.dump(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": EOT,
+                "eos_token": EOT,
+                "pad_token": EOT,
+                "model_max_length": model.cfg.max_position_embeddings,
+            },
+            f,
+            indent=2,
+        )
 
 
 def plot_loss(log: list[dict], path: str, title: str) -> None:
@@ -184,12 +215,19 @@ def samples(out_dir: str, prompts, max_tokens: int) -> list[dict]:
 
     llm = LLM(out_dir, max_num_seqs=8, max_num_batched_tokens=64, page_size=16, num_pages=128)
     res = []
-    for name, sp in [("greedy", SamplingParams(max_tokens=max_tokens, temperature=0.0)),
-                     ("t=0.8 top_p=0.95 seed=0", SamplingParams(max_tokens=max_tokens, temperature=0.8, top_p=0.95,
-                                                                 seed=0))]:
+    for name, sp in [
+        ("greedy", SamplingParams(max_tokens=max_tokens, temperature=0.0)),
+        ("t=0.8 top_p=0.95 seed=0", SamplingParams(max_tokens=max_tokens, temperature=0.8, top_p=0.95, seed=0)),
+    ]:
         for prompt, out in zip(prompts, llm.generate(list(prompts), sp)):
-            res.append(dict(sampling=name, prompt=prompt, completion=out.outputs[0].text,
-                            finish_reason=out.outputs[0].finish_reason))
+            res.append(
+                dict(
+                    sampling=name,
+                    prompt=prompt,
+                    completion=out.outputs[0].text,
+                    finish_reason=out.outputs[0].finish_reason,
+                )
+            )
     return res
 
 
@@ -206,8 +244,9 @@ def main(argv):
     from cbjax.model.llama import Llama
 
     work = os.path.join(cfg.work_dir, cfg.name)
-    out_dir = cfg.out_dir or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cbjax",
-                                          "assets", cfg.name)
+    out_dir = cfg.out_dir or os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cbjax", "assets", cfg.name
+    )
     os.makedirs(work, exist_ok=True)
     t_setup = time.time()
 
@@ -220,15 +259,24 @@ def main(argv):
         else:
             tok = train_tokenizer(train_texts, cfg.vocab_size, cfg.tokenizer_train_mb)
         tok.save(tok_file)
-        np.savez(cache, train=encode_corpus(tok, train_texts), val=encode_corpus(tok, val_texts),
-                 files=np.int64(len(train_texts) + len(val_texts)),
-                 chars=np.int64(sum(map(len, train_texts))))
+        np.savez(
+            cache,
+            train=encode_corpus(tok, train_texts),
+            val=encode_corpus(tok, val_texts),
+            files=np.int64(len(train_texts) + len(val_texts)),
+            chars=np.int64(sum(map(len, train_texts))),
+        )
     tok = Tokenizer.from_file(tok_file)
     data = np.load(cache)
     train_tokens, val_tokens = data["train"], data["val"]
-    logging.info("corpus: %d files, %.1f M train tokens, %.2f M val tokens (%.2f chars/token); setup %.0fs",
-                 int(data["files"]), len(train_tokens) / 1e6, len(val_tokens) / 1e6,
-                 int(data["chars"]) / len(train_tokens), time.time() - t_setup)
+    logging.info(
+        "corpus: %d files, %.1f M train tokens, %.2f M val tokens (%.2f chars/token); setup %.0fs",
+        int(data["files"]),
+        len(train_tokens) / 1e6,
+        len(val_tokens) / 1e6,
+        int(data["chars"]) / len(train_tokens),
+        time.time() - t_setup,
+    )
 
     mcfg = model_config(cfg, tok.get_vocab_size())
     model = Llama(mcfg, nnx.Rngs(cfg.seed))
@@ -247,11 +295,14 @@ def main(argv):
         params, opt_state, step, extra = ckpt.restore(params, opt_state, {"elapsed_s": np.float64(0)})
         elapsed = float(extra["elapsed_s"])
         logging.info("resumed at step %d (%.0fs of training done)", step, elapsed)
-    log = [json.loads(line) for line in open(log_file)] if os.path.exists(log_file) else []
+    log = []
+    if os.path.exists(log_file):
+        log = [json.loads(line) for line in pathlib.Path(log_file).read_text().splitlines()]
     log = [r for r in log if r["step"] <= step]  # drop what was logged after the checkpoint we resume from
 
-    val_batches = [jnp.asarray(batch_at(val_tokens, i, cfg.batch_size, cfg.seq_len, cfg.seed + 1))
-                   for i in range(cfg.eval_batches)]
+    val_batches = [
+        jnp.asarray(batch_at(val_tokens, i, cfg.batch_size, cfg.seq_len, cfg.seed + 1)) for i in range(cfg.eval_batches)
+    ]
 
     def validate():
         return float(np.mean([float(eval_loss(params, b)) for b in val_batches]))
@@ -263,8 +314,13 @@ def main(argv):
         params, opt_state, loss, gnorm = train_step(params, opt_state, batch, jnp.float32(lr))
         step += 1
         if step % cfg.log_every == 0 or step == 1:
-            rec = dict(step=step, loss=float(loss), grad_norm=float(gnorm), lr=float(lr),
-                       time_s=round(time.time() - t_start, 1))
+            rec = dict(
+                step=step,
+                loss=float(loss),
+                grad_norm=float(gnorm),
+                lr=float(lr),
+                time_s=round(time.time() - t_start, 1),
+            )
             if step % cfg.eval_every == 0:
                 rec["val_loss"] = validate()
             log.append(rec)
@@ -288,14 +344,26 @@ def main(argv):
     set_params(model, params)
     export(model, tok, out_dir, cfg.export_dtype)
     size = sum(os.path.getsize(os.path.join(out_dir, f)) for f in os.listdir(out_dir))
-    title = (f"{cfg.name}: {n_params / 1e6:.2f}M params, {cfg.num_layers}x{cfg.hidden_size}, vocab "
-             f"{mcfg.vocab_size}, ctx {cfg.seq_len}, {step} steps x {cfg.batch_size} seqs, {train_s / 60:.1f} min")
+    title = (
+        f"{cfg.name}: {n_params / 1e6:.2f}M params, {cfg.num_layers}x{cfg.hidden_size}, vocab "
+        f"{mcfg.vocab_size}, ctx {cfg.seq_len}, {step} steps x {cfg.batch_size} seqs, {train_s / 60:.1f} min"
+    )
     plot_loss(log, os.path.join(cfg.figure_dir, f"{cfg.name}_loss.png"), title)
-    summary = dict(name=cfg.name, params=int(n_params), steps=step, train_s=round(train_s, 1),
-                   tokens_seen=step * cfg.batch_size * cfg.seq_len, train_tokens=int(len(train_tokens)),
-                   val_tokens=int(len(val_tokens)), first=log[0], last=log[-1],
-                   best_val=min((r["val_loss"] for r in log if "val_loss" in r), default=None),
-                   packaged_bytes=size, python=sys.version.split()[0], config=cfg.to_dict())
+    summary = dict(
+        name=cfg.name,
+        params=int(n_params),
+        steps=step,
+        train_s=round(train_s, 1),
+        tokens_seen=step * cfg.batch_size * cfg.seq_len,
+        train_tokens=len(train_tokens),
+        val_tokens=len(val_tokens),
+        first=log[0],
+        last=log[-1],
+        best_val=min((r["val_loss"] for r in log if "val_loss" in r), default=None),
+        packaged_bytes=size,
+        python=sys.version.split()[0],
+        config=cfg.to_dict(),
+    )
     summary["samples"] = samples(out_dir, list(cfg.sample_prompts), cfg.sample_tokens)
     with open(os.path.join(work, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)

@@ -5,6 +5,7 @@ ragged_paged_attention.py (compiled on TPU/GPU, or interpreted on CPU when `inte
 `auto` = pallas on TPU/GPU, xla elsewhere. The slow pure-jnp definitions the kernels are tested against are the
 `reference_*` functions next to each kernel, not a backend.
 """
+
 import jax
 
 from kernels_pallas.xla_attention import xla_ragged_paged_attention
@@ -20,8 +21,21 @@ def resolve_backend(backend: str) -> str:
     return backend
 
 
-def ragged_attention(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *, sm_scale=None,
-                     sliding_window=None, soft_cap=None, backend: str = "auto", interpret: bool = False):
+def ragged_attention(
+    q,
+    k_pages,
+    v_pages,
+    kv_lens,
+    page_indices,
+    cu_q_lens,
+    num_seqs,
+    *,
+    sm_scale=None,
+    sliding_window=None,
+    soft_cap=None,
+    backend: str = "auto",
+    interpret: bool = False,
+):
     """Attention of a flat mixed batch over the paged cache; see xla_attention.py for the contract."""
     backend = resolve_backend(backend)
     kw = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
@@ -29,5 +43,6 @@ def ragged_attention(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_
         return xla_ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs, **kw)
     from kernels_pallas.ragged_paged_attention import ragged_paged_attention
 
-    return ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
-                                  interpret=interpret, **kw)
+    return ragged_paged_attention(
+        q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs, interpret=interpret, **kw
+    )

@@ -28,7 +28,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as plgpu
 
-from kernels_pallas import _common
+from kernels_pallas import common
 
 # Minimum query rows of a Triton tile: tl.dot needs M >= 16.
 _GPU_MIN_ROWS = 16
@@ -45,43 +45,42 @@ def reference_paged_attention(
     soft_cap: float | None = None,
     sliding_window: int | None = None,
 ) -> jax.Array:
-  """Pure-jnp decode attention; same contract as `paged_attention`.
+    """Pure-jnp decode attention; same contract as `paged_attention`.
 
-  Gathers every sequence's pages into a contiguous [L, H] context per kv head
-  and runs a masked softmax in f32. Slow (materialises all pages_per_seq
-  pages), but each line is the definition.
-  """
-  _, num_heads, head_dim = q.shape
-  num_kv_heads, num_pages, page_size, _ = k_pages.shape
-  batch, pages_per_seq = page_indices.shape
-  if sm_scale is None:
-    sm_scale = head_dim ** -0.5
-  length = pages_per_seq * page_size
-  pages = jnp.clip(page_indices, 0, num_pages - 1)
-  # [K, B, pages_per_seq, G, H] -> [K, B, L, H] -> one copy per query head.
-  k = k_pages[:, pages].reshape(num_kv_heads, batch, length, head_dim)
-  v = v_pages[:, pages].reshape(num_kv_heads, batch, length, head_dim)
-  k = jnp.repeat(k, num_heads // num_kv_heads, axis=0).astype(jnp.float32)
-  v = jnp.repeat(v, num_heads // num_kv_heads, axis=0).astype(jnp.float32)
+    Gathers every sequence's pages into a contiguous [L, H] context per kv head
+    and runs a masked softmax in f32. Slow (materialises all pages_per_seq
+    pages), but each line is the definition.
+    """
+    _, num_heads, head_dim = q.shape
+    num_kv_heads, num_pages, page_size, _ = k_pages.shape
+    batch, pages_per_seq = page_indices.shape
+    if sm_scale is None:
+        sm_scale = head_dim**-0.5
+    length = pages_per_seq * page_size
+    pages = jnp.clip(page_indices, 0, num_pages - 1)
+    # [K, B, pages_per_seq, G, H] -> [K, B, L, H] -> one copy per query head.
+    k = k_pages[:, pages].reshape(num_kv_heads, batch, length, head_dim)
+    v = v_pages[:, pages].reshape(num_kv_heads, batch, length, head_dim)
+    k = jnp.repeat(k, num_heads // num_kv_heads, axis=0).astype(jnp.float32)
+    v = jnp.repeat(v, num_heads // num_kv_heads, axis=0).astype(jnp.float32)
 
-  s = jnp.einsum("bnh,nblh->bnl", q.astype(jnp.float32), k,
-                 precision=lax.Precision.HIGHEST) * sm_scale
-  if soft_cap is not None:
-    s = soft_cap * jnp.tanh(s / soft_cap)
-  pos = jnp.arange(length)[None, :]  # [1, L]
-  lens = kv_lens[:, None]  # [B, 1]
-  ok = pos < lens
-  if sliding_window is not None:
-    ok &= pos > lens - 1 - sliding_window
-  ok = ok[:, None, :]  # [B, 1, L]
-  s = jnp.where(ok, s, -jnp.inf)
-  m = jnp.max(s, axis=-1, keepdims=True)
-  p = jnp.where(ok, jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0)), 0.0)
-  denom = jnp.sum(p, axis=-1, keepdims=True)  # [B, N, 1]
-  v = jnp.where(jnp.transpose(ok, (1, 0, 2))[..., None], v, 0.0)
-  o = jnp.einsum("bnl,nblh->bnh", p, v, precision=lax.Precision.HIGHEST)
-  o = jnp.where(denom > 0, o / jnp.where(denom > 0, denom, 1.0), 0.0)
-  return o.astype(q.dtype)
+    s = jnp.einsum("bnh,nblh->bnl", q.astype(jnp.float32), k, precision=lax.Precision.HIGHEST) * sm_scale
+    if soft_cap is not None:
+        s = soft_cap * jnp.tanh(s / soft_cap)
+    pos = jnp.arange(length)[None, :]  # [1, L]
+    lens = kv_lens[:, None]  # [B, 1]
+    ok = pos < lens
+    if sliding_window is not None:
+        ok &= pos > lens - 1 - sliding_window
+    ok = ok[:, None, :]  # [B, 1, L]
+    s = jnp.where(ok, s, -jnp.inf)
+    m = jnp.max(s, axis=-1, keepdims=True)
+    p = jnp.where(ok, jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0)), 0.0)
+    denom = jnp.sum(p, axis=-1, keepdims=True)  # [B, N, 1]
+    v = jnp.where(jnp.transpose(ok, (1, 0, 2))[..., None], v, 0.0)
+    o = jnp.einsum("bnl,nblh->bnh", p, v, precision=lax.Precision.HIGHEST)
+    o = jnp.where(denom > 0, o / jnp.where(denom > 0, denom, 1.0), 0.0)
+    return o.astype(q.dtype)
 
 
 # ----------------------------------------------------------------------------
@@ -104,81 +103,83 @@ def _tpu_kernel(
     soft_cap: float | None,
     sliding_window: int | None,
 ):
-  del pages_ref  # only the index maps read it
-  b, j = pl.program_id(0), pl.program_id(2)
-  page_size = k_ref.shape[0]
-  kv_len = lens_ref[b]
-  logical_page = first_page_ref[b] + j
+    del pages_ref  # only the index maps read it
+    b, j = pl.program_id(0), pl.program_id(2)
+    page_size = k_ref.shape[0]
+    kv_len = lens_ref[b]
+    logical_page = first_page_ref[b] + j
 
-  @pl.when(j == 0)
-  def _init():
-    m_ref[...] = jnp.full(m_ref.shape, -jnp.inf, jnp.float32)
-    l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
-    acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+    @pl.when(j == 0)
+    def _init():
+        m_ref[...] = jnp.full(m_ref.shape, -jnp.inf, jnp.float32)
+        l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
+        acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
 
-  # Steps past the last page re-see the last page (its index map is clamped,
-  # so no DMA is issued) and skip the math.
-  @pl.when(logical_page * page_size < kv_len)
-  def _attend():
-    start = logical_page * page_size
-    pos_row = start + lax.broadcasted_iota(jnp.int32, (1, page_size), 1)
-    pos_col = start + lax.broadcasted_iota(jnp.int32, (page_size, 1), 0)
-    ok_row, ok_col = pos_row < kv_len, pos_col < kv_len
+    # Steps past the last page re-see the last page (its index map is clamped,
+    # so no DMA is issued) and skip the math.
+    @pl.when(logical_page * page_size < kv_len)
+    def _attend():
+        start = logical_page * page_size
+        pos_row = start + lax.broadcasted_iota(jnp.int32, (1, page_size), 1)
+        pos_col = start + lax.broadcasted_iota(jnp.int32, (page_size, 1), 0)
+        ok_row, ok_col = pos_row < kv_len, pos_col < kv_len
+        if sliding_window is not None:
+            ok_row &= pos_row > kv_len - 1 - sliding_window
+            ok_col &= pos_col > kv_len - 1 - sliding_window
+        q = q_ref[...]
+        m, l, acc = common.attend_tile(
+            q,
+            k_ref[...],
+            v_ref[...],
+            jnp.broadcast_to(ok_row, (q.shape[0], page_size)),
+            ok_col,
+            m_ref[...],
+            l_ref[...],
+            acc_ref[...],
+            sm_scale=sm_scale,
+            soft_cap=soft_cap,
+        )
+        m_ref[...], l_ref[...], acc_ref[...] = m, l, acc
+
+    @pl.when(j == pl.num_programs(2) - 1)
+    def _store():
+        o_ref[...] = common.finalize(acc_ref[...], l_ref[...], o_ref.dtype)
+
+
+def _tpu_call(q4, k_pages, v_pages, kv_lens, first_page, pages, *, sm_scale, soft_cap, sliding_window, interpret):
+    batch, num_kv_heads, rows, head_dim = q4.shape
+    _, _, page_size, _ = k_pages.shape
+    pages_per_seq = pages.shape[1]
+    steps = pages_per_seq
     if sliding_window is not None:
-      ok_row &= pos_row > kv_len - 1 - sliding_window
-      ok_col &= pos_col > kv_len - 1 - sliding_window
-    q = q_ref[...]
-    m, l, acc = _common.attend_tile(
-        q, k_ref[...], v_ref[...],
-        jnp.broadcast_to(ok_row, (q.shape[0], page_size)), ok_col,
-        m_ref[...], l_ref[...], acc_ref[...],
-        sm_scale=sm_scale, soft_cap=soft_cap)
-    m_ref[...], l_ref[...], acc_ref[...] = m, l, acc
+        # A window of w tokens touches at most cdiv(w - 1, G) + 1 pages.
+        steps = min(steps, pl.cdiv(sliding_window - 1, page_size) + 1)
 
-  @pl.when(j == pl.num_programs(2) - 1)
-  def _store():
-    o_ref[...] = _common.finalize(acc_ref[...], l_ref[...], o_ref.dtype)
+    def kv_index(b, h, j, lens, first, flat_pages):
+        last = jnp.maximum(pl.cdiv(lens[b], page_size) - 1, 0)
+        return (h, flat_pages[b * pages_per_seq + jnp.minimum(first[b] + j, last)], 0, 0)
 
-
-def _tpu_call(q4, k_pages, v_pages, kv_lens, first_page, pages, *, sm_scale,
-              soft_cap, sliding_window, interpret):
-  batch, num_kv_heads, rows, head_dim = q4.shape
-  _, _, page_size, _ = k_pages.shape
-  pages_per_seq = pages.shape[1]
-  steps = pages_per_seq
-  if sliding_window is not None:
-    # A window of w tokens touches at most cdiv(w - 1, G) + 1 pages.
-    steps = min(steps, pl.cdiv(sliding_window - 1, page_size) + 1)
-
-  def kv_index(b, h, j, lens, first, flat_pages):
-    last = jnp.maximum(pl.cdiv(lens[b], page_size) - 1, 0)
-    return (h, flat_pages[b * pages_per_seq + jnp.minimum(first[b] + j, last)],
-            0, 0)
-
-  q_spec = pl.BlockSpec((None, None, rows, head_dim),
-                        lambda b, h, j, *_: (b, h, 0, 0))
-  kv_spec = pl.BlockSpec((None, None, page_size, head_dim), kv_index)
-  kernel = functools.partial(_tpu_kernel, sm_scale=sm_scale, soft_cap=soft_cap,
-                             sliding_window=sliding_window)
-  return pl.pallas_call(
-      kernel,
-      out_shape=jax.ShapeDtypeStruct(q4.shape, q4.dtype),
-      grid_spec=pltpu.PrefetchScalarGridSpec(
-          num_scalar_prefetch=3,
-          grid=(batch, num_kv_heads, steps),
-          in_specs=[q_spec, kv_spec, kv_spec],
-          out_specs=q_spec,
-          scratch_shapes=[
-              pltpu.VMEM((rows, 1), jnp.float32),
-              pltpu.VMEM((rows, 1), jnp.float32),
-              pltpu.VMEM((rows, head_dim), jnp.float32),
-          ],
-      ),
-      compiler_params=pltpu.CompilerParams(
-          dimension_semantics=("parallel", "parallel", "arbitrary")),
-      interpret=interpret,
-      name="paged_attention_tpu",
-  )(kv_lens, first_page, pages.reshape(-1), q4, k_pages, v_pages)
+    q_spec = pl.BlockSpec((None, None, rows, head_dim), lambda b, h, j, *_: (b, h, 0, 0))
+    kv_spec = pl.BlockSpec((None, None, page_size, head_dim), kv_index)
+    kernel = functools.partial(_tpu_kernel, sm_scale=sm_scale, soft_cap=soft_cap, sliding_window=sliding_window)
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct(q4.shape, q4.dtype),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=3,
+            grid=(batch, num_kv_heads, steps),
+            in_specs=[q_spec, kv_spec, kv_spec],
+            out_specs=q_spec,
+            scratch_shapes=[
+                pltpu.VMEM((rows, 1), jnp.float32),
+                pltpu.VMEM((rows, 1), jnp.float32),
+                pltpu.VMEM((rows, head_dim), jnp.float32),
+            ],
+        ),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
+        interpret=interpret,
+        name="paged_attention_tpu",
+    )(kv_lens, first_page, pages.reshape(-1), q4, k_pages, v_pages)
 
 
 # ----------------------------------------------------------------------------
@@ -200,81 +201,79 @@ def _gpu_kernel(
     soft_cap: float | None,
     pages_per_tile: int,
 ):
-  b, split = pl.program_id(0), pl.program_id(2)
-  num_splits = pl.num_programs(2)
-  _, page_size, head_dim = k_ref.shape
-  tile = pages_per_tile * page_size
-  kv_len = lens_ref[b]
-  first_tok = first_tok_ref[b]
+    b, split = pl.program_id(0), pl.program_id(2)
+    num_splits = pl.num_programs(2)
+    _, page_size, head_dim = k_ref.shape
+    tile = pages_per_tile * page_size
+    kv_len = lens_ref[b]
+    first_tok = first_tok_ref[b]
 
-  # This split's tiles: an even share of the tiles that hold the window.
-  start, stop = _common.split_range(lax.div(first_tok, tile),
-                                    pl.cdiv(kv_len, tile), split, num_splits)
+    # This split's tiles: an even share of the tiles that hold the window.
+    start, stop = common.split_range(lax.div(first_tok, tile), pl.cdiv(kv_len, tile), split, num_splits)
 
-  q = q_ref[...]
-  rows = q.shape[0]
+    q = q_ref[...]
+    rows = q.shape[0]
 
-  def body(t, carry):
-    m, l, acc = carry
-    page_ids = pages_ref[b, pl.ds(t * pages_per_tile, pages_per_tile)]
-    k = k_ref[page_ids].reshape(tile, head_dim)
-    v = v_ref[page_ids].reshape(tile, head_dim)
-    pos_row = t * tile + lax.broadcasted_iota(jnp.int32, (1, tile), 1)
-    pos_col = t * tile + lax.broadcasted_iota(jnp.int32, (tile, 1), 0)
-    ok_row = (pos_row < kv_len) & (pos_row >= first_tok)
-    ok_col = (pos_col < kv_len) & (pos_col >= first_tok)
-    return _common.attend_tile(
-        q, k, v, jnp.broadcast_to(ok_row, (rows, tile)), ok_col, m, l, acc,
-        sm_scale=sm_scale, soft_cap=soft_cap)
+    def body(t, carry):
+        m, l, acc = carry
+        page_ids = pages_ref[b, pl.ds(t * pages_per_tile, pages_per_tile)]
+        k = k_ref[page_ids].reshape(tile, head_dim)
+        v = v_ref[page_ids].reshape(tile, head_dim)
+        pos_row = t * tile + lax.broadcasted_iota(jnp.int32, (1, tile), 1)
+        pos_col = t * tile + lax.broadcasted_iota(jnp.int32, (tile, 1), 0)
+        ok_row = (pos_row < kv_len) & (pos_row >= first_tok)
+        ok_col = (pos_col < kv_len) & (pos_col >= first_tok)
+        return common.attend_tile(
+            q, k, v, jnp.broadcast_to(ok_row, (rows, tile)), ok_col, m, l, acc, sm_scale=sm_scale, soft_cap=soft_cap
+        )
 
-  init = (jnp.full((rows, 1), -jnp.inf, jnp.float32),
-          jnp.zeros((rows, 1), jnp.float32),
-          jnp.zeros((rows, head_dim), jnp.float32))
-  m, l, acc = lax.fori_loop(start, stop, body, init)
-  o_ref[...] = acc
-  m_ref[...] = m
-  l_ref[...] = l
+    init = (
+        jnp.full((rows, 1), -jnp.inf, jnp.float32),
+        jnp.zeros((rows, 1), jnp.float32),
+        jnp.zeros((rows, head_dim), jnp.float32),
+    )
+    m, l, acc = lax.fori_loop(start, stop, body, init)
+    o_ref[...] = acc
+    m_ref[...] = m
+    l_ref[...] = l
 
 
-def _gpu_call(q4, k_pages, v_pages, kv_lens, first_tok, pages, *, sm_scale,
-              soft_cap, block_kv, num_splits, interpret):
-  batch, num_kv_heads, rows, head_dim = q4.shape
-  _, num_pages, page_size, _ = k_pages.shape
-  tile = max(block_kv, page_size)
-  pages_per_tile = tile // page_size
-  # Whole tiles only: the last tile of the longest sequence may reach past the
-  # table, so pad it with page 0 (in bounds, masked by length).
-  pages = jnp.pad(pages, ((0, 0), (0, -pages.shape[1] % pages_per_tile)))
-  max_tiles = pages.shape[1] // pages_per_tile
-  if num_splits is None:
-    num_splits = _common.default_gpu_splits(batch * num_kv_heads, max_tiles)
+def _gpu_call(q4, k_pages, v_pages, kv_lens, first_tok, pages, *, sm_scale, soft_cap, block_kv, num_splits, interpret):
+    batch, num_kv_heads, rows, head_dim = q4.shape
+    _, num_pages, page_size, _ = k_pages.shape
+    tile = max(block_kv, page_size)
+    pages_per_tile = tile // page_size
+    # Whole tiles only: the last tile of the longest sequence may reach past the
+    # table, so pad it with page 0 (in bounds, masked by length).
+    pages = jnp.pad(pages, ((0, 0), (0, -pages.shape[1] % pages_per_tile)))
+    max_tiles = pages.shape[1] // pages_per_tile
+    if num_splits is None:
+        num_splits = common.default_gpu_splits(batch * num_kv_heads, max_tiles)
 
-  whole = lambda shape: pl.BlockSpec(shape, lambda *_: (0,) * len(shape))
-  kv_spec = pl.BlockSpec((None, num_pages, page_size, head_dim),
-                         lambda b, h, s: (h, 0, 0, 0))
-  part = lambda last: pl.BlockSpec((None, None, None, rows, last),
-                                   lambda b, h, s: (s, b, h, 0, 0))
-  part_shape = lambda last: jax.ShapeDtypeStruct(
-      (num_splits, batch, num_kv_heads, rows, last), jnp.float32)
-  kernel = functools.partial(_gpu_kernel, sm_scale=sm_scale, soft_cap=soft_cap,
-                             pages_per_tile=pages_per_tile)
-  acc, m, l = pl.pallas_call(
-      kernel,
-      out_shape=[part_shape(head_dim), part_shape(1), part_shape(1)],
-      grid=(batch, num_kv_heads, num_splits),
-      in_specs=[
-          whole(kv_lens.shape), whole(first_tok.shape), whole(pages.shape),
-          pl.BlockSpec((None, None, rows, head_dim),
-                       lambda b, h, s: (b, h, 0, 0)),
-          kv_spec, kv_spec,
-      ],
-      out_specs=[part(head_dim), part(1), part(1)],
-      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
-      interpret=interpret,
-      name="paged_attention_gpu",
-  )(kv_lens, first_tok, pages, q4, k_pages, v_pages)
+    whole = lambda shape: pl.BlockSpec(shape, lambda *_: (0,) * len(shape))
+    kv_spec = pl.BlockSpec((None, num_pages, page_size, head_dim), lambda b, h, s: (h, 0, 0, 0))
+    part = lambda last: pl.BlockSpec((None, None, None, rows, last), lambda b, h, s: (s, b, h, 0, 0))
+    part_shape = lambda last: jax.ShapeDtypeStruct((num_splits, batch, num_kv_heads, rows, last), jnp.float32)
+    kernel = functools.partial(_gpu_kernel, sm_scale=sm_scale, soft_cap=soft_cap, pages_per_tile=pages_per_tile)
+    acc, m, l = pl.pallas_call(
+        kernel,
+        out_shape=[part_shape(head_dim), part_shape(1), part_shape(1)],
+        grid=(batch, num_kv_heads, num_splits),
+        in_specs=[
+            whole(kv_lens.shape),
+            whole(first_tok.shape),
+            whole(pages.shape),
+            pl.BlockSpec((None, None, rows, head_dim), lambda b, h, s: (b, h, 0, 0)),
+            kv_spec,
+            kv_spec,
+        ],
+        out_specs=[part(head_dim), part(1), part(1)],
+        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
+        interpret=interpret,
+        name="paged_attention_gpu",
+    )(kv_lens, first_tok, pages, q4, k_pages, v_pages)
 
-  return _common.merge_partials(acc, m, l, q4.dtype)
+    return common.merge_partials(acc, m, l, q4.dtype)
 
 
 # ----------------------------------------------------------------------------
@@ -283,8 +282,8 @@ def _gpu_call(q4, k_pages, v_pages, kv_lens, first_tok, pages, *, sm_scale,
 
 @functools.partial(
     jax.jit,
-    static_argnames=("sm_scale", "soft_cap", "sliding_window", "interpret",
-                     "platform", "block_kv", "num_splits"))
+    static_argnames=("sm_scale", "soft_cap", "sliding_window", "interpret", "platform", "block_kv", "num_splits"),
+)
 def paged_attention(
     q: jax.Array,
     k_pages: jax.Array,
@@ -300,77 +299,93 @@ def paged_attention(
     block_kv: int = 64,
     num_splits: int | None = None,
 ) -> jax.Array:
-  """Decode attention of one new token per sequence against its paged KV.
+    """Decode attention of one new token per sequence against its paged KV.
 
-  Args:
-    q: [B, N, H] the query of each sequence's newest token.
-    k_pages, v_pages: [K, P, G, H] the layer's KV pages, q's dtype. Token p of
-      sequence b lives at page page_indices[b, p // G], row p % G.
-    kv_lens: i32[B] context length of each sequence, including the new token.
-      0 marks an empty slot; its output is zeros.
-    page_indices: i32[B, pages_per_seq] page table. Entries past
-      cdiv(kv_lens[b], G) are ignored and may hold any value.
-    sm_scale: score scale, default H ** -0.5.
-    soft_cap: if set, scores = soft_cap * tanh(scores / soft_cap).
-    sliding_window: if set, attend only to the last `sliding_window` tokens.
-    interpret: True runs the kernel in the generic Pallas interpreter (CPU
-      tests). TPU variant only: a pltpu.InterpretParams selects the TPU
-      interpreter instead, which also simulates DMAs and can raise on
-      out-of-bounds reads.
-    platform: "tpu" (Mosaic kernel) or "gpu"/"cuda"/"rocm" (Triton kernel);
-      None follows jax.default_backend() and means "tpu" in interpret mode on
-      CPU.
-    block_kv: GPU only: kv tokens per tile (rounded up to a whole page).
-    num_splits: GPU only: programs per (sequence, kv head) splitting the
-      context; None picks enough to fill the GPU.
+    Args:
+      q: [B, N, H] the query of each sequence's newest token.
+      k_pages, v_pages: [K, P, G, H] the layer's KV pages, q's dtype. Token p of
+        sequence b lives at page page_indices[b, p // G], row p % G.
+      kv_lens: i32[B] context length of each sequence, including the new token.
+        0 marks an empty slot; its output is zeros.
+      page_indices: i32[B, pages_per_seq] page table. Entries past
+        cdiv(kv_lens[b], G) are ignored and may hold any value.
+      sm_scale: score scale, default H ** -0.5.
+      soft_cap: if set, scores = soft_cap * tanh(scores / soft_cap).
+      sliding_window: if set, attend only to the last `sliding_window` tokens.
+      interpret: True runs the kernel in the generic Pallas interpreter (CPU
+        tests). TPU variant only: a pltpu.InterpretParams selects the TPU
+        interpreter instead, which also simulates DMAs and can raise on
+        out-of-bounds reads.
+      platform: "tpu" (Mosaic kernel) or "gpu"/"cuda"/"rocm" (Triton kernel);
+        None follows jax.default_backend() and means "tpu" in interpret mode on
+        CPU.
+      block_kv: GPU only: kv tokens per tile (rounded up to a whole page).
+      num_splits: GPU only: programs per (sequence, kv head) splitting the
+        context; None picks enough to fill the GPU.
 
-  Returns:
-    [B, N, H] in q's dtype. GQA: query head n reads kv head n // (N // K).
+    Returns:
+      [B, N, H] in q's dtype. GQA: query head n reads kv head n // (N // K).
 
-  Raises:
-    ValueError: on mismatched shapes or dtypes, non-int32 metadata, invalid
-      options, or (GPU) a page size / head dim that is not a power of two.
-  """
-  if q.ndim != 3:
-    raise ValueError(f"q must be [B, N, H], got shape {q.shape}")
-  _common.check_kv_pages(q, k_pages, v_pages)
-  batch, num_heads, head_dim = q.shape
-  num_kv_heads, num_pages, page_size, _ = k_pages.shape
-  _common.check_int32("kv_lens", kv_lens, (batch,))
-  if page_indices.ndim != 2 or page_indices.shape[0] != batch:
-    raise ValueError(
-        f"page_indices must be [B={batch}, pages_per_seq], got "
-        f"{page_indices.shape}")
-  _common.check_int32("page_indices", page_indices, page_indices.shape)
-  _common.check_options(sm_scale, soft_cap, sliding_window)
-  variant = _common.resolve_variant(platform, interpret)
-  if variant == "gpu" and isinstance(interpret, pltpu.InterpretParams):
-    raise ValueError("pltpu.InterpretParams only applies to the TPU variant")
-  if sm_scale is None:
-    sm_scale = head_dim ** -0.5
+    Raises:
+      ValueError: on mismatched shapes or dtypes, non-int32 metadata, invalid
+        options, or (GPU) a page size / head dim that is not a power of two.
+    """
+    if q.ndim != 3:
+        raise ValueError(f"q must be [B, N, H], got shape {q.shape}")
+    common.check_kv_pages(q, k_pages, v_pages)
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads, num_pages, page_size, _ = k_pages.shape
+    common.check_int32("kv_lens", kv_lens, (batch,))
+    if page_indices.ndim != 2 or page_indices.shape[0] != batch:
+        raise ValueError(f"page_indices must be [B={batch}, pages_per_seq], got {page_indices.shape}")
+    common.check_int32("page_indices", page_indices, page_indices.shape)
+    common.check_options(sm_scale, soft_cap, sliding_window)
+    variant = common.resolve_variant(platform, interpret)
+    if variant == "gpu" and isinstance(interpret, pltpu.InterpretParams):
+        raise ValueError("pltpu.InterpretParams only applies to the TPU variant")
+    if sm_scale is None:
+        sm_scale = head_dim**-0.5
 
-  pages = _common.sanitize_page_indices(page_indices, num_pages)
-  if sliding_window is None:
-    first_tok = jnp.zeros_like(kv_lens)
-  else:
-    first_tok = jnp.maximum(kv_lens - sliding_window, 0)
-  r = num_heads // num_kv_heads
+    pages = common.sanitize_page_indices(page_indices, num_pages)
+    if sliding_window is None:
+        first_tok = jnp.zeros_like(kv_lens)
+    else:
+        first_tok = jnp.maximum(kv_lens - sliding_window, 0)
+    r = num_heads // num_kv_heads
 
-  if variant == "tpu":
-    q4 = _common.group_heads(q, num_kv_heads, r)
-    o4 = _tpu_call(q4, k_pages, v_pages, kv_lens, first_tok // page_size,
-                   pages, sm_scale=sm_scale, soft_cap=soft_cap,
-                   sliding_window=sliding_window, interpret=interpret)
-  else:
-    _common.check_gpu_shapes(page_size, head_dim)
-    if not _common.is_pow2(block_kv) or block_kv < 16:
-      raise ValueError(
-          f"block_kv must be a power of two >= 16, got {block_kv}")
-    if num_splits is not None and num_splits < 1:
-      raise ValueError(f"num_splits must be >= 1, got {num_splits}")
-    rows = max(_GPU_MIN_ROWS, _common.next_pow2(r))
-    q4 = _common.group_heads(q, num_kv_heads, rows)
-    o4 = _gpu_call(q4, k_pages, v_pages, kv_lens, first_tok, pages,
-                   sm_scale=sm_scale, soft_cap=soft_cap, block_kv=block_kv,
-                   num_splits=num_splits, interpret=interpret)
-  return _common.ungroup_heads(o4, num_heads)
+    if variant == "tpu":
+        q4 = common.group_heads(q, num_kv_heads, r)
+        o4 = _tpu_call(
+            q4,
+            k_pages,
+            v_pages,
+            kv_lens,
+            first_tok // page_size,
+            pages,
+            sm_scale=sm_scale,
+            soft_cap=soft_cap,
+            sliding_window=sliding_window,
+            interpret=interpret,
+        )
+    else:
+        common.check_gpu_shapes(page_size, head_dim)
+        if not common.is_pow2(block_kv) or block_kv < 16:
+            raise ValueError(f"block_kv must be a power of two >= 16, got {block_kv}")
+        if num_splits is not None and num_splits < 1:
+            raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+        rows = max(_GPU_MIN_ROWS, common.next_pow2(r))
+        q4 = common.group_heads(q, num_kv_heads, rows)
+        o4 = _gpu_call(
+            q4,
+            k_pages,
+            v_pages,
+            kv_lens,
+            first_tok,
+            pages,
+            sm_scale=sm_scale,
+            soft_cap=soft_cap,
+            block_kv=block_kv,
+            num_splits=num_splits,
+            interpret=interpret,
+        )
+    return common.ungroup_heads(o4, num_heads)

@@ -39,7 +39,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as plgpu
 
-from kernels_pallas import _common
+from kernels_pallas import common
 
 # Query rows per program (tokens * padded heads per kv head) we aim for: enough
 # rows to feed a matmul unit, few enough that a block of decode tokens (each
@@ -61,100 +61,99 @@ def reference_ragged_paged_attention(
     sliding_window: int | None = None,
     soft_cap: float | None = None,
 ) -> jax.Array:
-  """Pure-jnp ragged paged attention; same contract as the kernel.
+    """Pure-jnp ragged paged attention; same contract as the kernel.
 
-  Finds each token's sequence, gathers that sequence's whole context for the
-  token and runs a masked softmax in f32. Memory is T * pages_per_seq * G * H
-  per kv head: a test oracle, not a fast path.
-  """
-  num_tokens, num_heads, head_dim = q.shape
-  num_kv_heads, num_pages, page_size, _ = k_pages.shape
-  max_seqs, pages_per_seq = page_indices.shape
-  if sm_scale is None:
-    sm_scale = head_dim ** -0.5
-  length = pages_per_seq * page_size
+    Finds each token's sequence, gathers that sequence's whole context for the
+    token and runs a masked softmax in f32. Memory is T * pages_per_seq * G * H
+    per kv head: a test oracle, not a fast path.
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads, num_pages, page_size, _ = k_pages.shape
+    max_seqs, pages_per_seq = page_indices.shape
+    if sm_scale is None:
+        sm_scale = head_dim**-0.5
+    length = pages_per_seq * page_size
 
-  cu = _valid_cu_q_lens(cu_q_lens, num_seqs)
-  total = cu[-1]
-  tok = jnp.arange(num_tokens)
-  seq = jnp.minimum(jnp.searchsorted(cu[1:], tok, side="right"), max_seqs - 1)
-  q_len = cu[seq + 1] - cu[seq]
-  q_pos = kv_lens[seq] - q_len + (tok - cu[seq])  # [T]
+    cu = _valid_cu_q_lens(cu_q_lens, num_seqs)
+    total = cu[-1]
+    tok = jnp.arange(num_tokens)
+    seq = jnp.minimum(jnp.searchsorted(cu[1:], tok, side="right"), max_seqs - 1)
+    q_len = cu[seq + 1] - cu[seq]
+    q_pos = kv_lens[seq] - q_len + (tok - cu[seq])  # [T]
 
-  pages = jnp.clip(page_indices, 0, num_pages - 1)[seq]  # [T, pages_per_seq]
-  k = k_pages[:, pages].reshape(num_kv_heads, num_tokens, length, head_dim)
-  v = v_pages[:, pages].reshape(num_kv_heads, num_tokens, length, head_dim)
-  k = jnp.repeat(k, num_heads // num_kv_heads, axis=0).astype(jnp.float32)
-  v = jnp.repeat(v, num_heads // num_kv_heads, axis=0).astype(jnp.float32)
+    pages = jnp.clip(page_indices, 0, num_pages - 1)[seq]  # [T, pages_per_seq]
+    k = k_pages[:, pages].reshape(num_kv_heads, num_tokens, length, head_dim)
+    v = v_pages[:, pages].reshape(num_kv_heads, num_tokens, length, head_dim)
+    k = jnp.repeat(k, num_heads // num_kv_heads, axis=0).astype(jnp.float32)
+    v = jnp.repeat(v, num_heads // num_kv_heads, axis=0).astype(jnp.float32)
 
-  s = jnp.einsum("tnh,ntlh->tnl", q.astype(jnp.float32), k,
-                 precision=lax.Precision.HIGHEST) * sm_scale
-  if soft_cap is not None:
-    s = soft_cap * jnp.tanh(s / soft_cap)
-  pos = jnp.arange(length)[None, :]  # [1, L]
-  ok = (tok < total)[:, None] & (pos <= q_pos[:, None])  # [T, L]
-  if sliding_window is not None:
-    ok &= pos > q_pos[:, None] - sliding_window
-  ok = ok[:, None, :]  # [T, 1, L]
-  s = jnp.where(ok, s, -jnp.inf)
-  m = jnp.max(s, axis=-1, keepdims=True)
-  p = jnp.where(ok, jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0)), 0.0)
-  denom = jnp.sum(p, axis=-1, keepdims=True)
-  v = jnp.where(jnp.transpose(ok, (1, 0, 2))[..., None], v, 0.0)
-  o = jnp.einsum("tnl,ntlh->tnh", p, v, precision=lax.Precision.HIGHEST)
-  o = jnp.where(denom > 0, o / jnp.where(denom > 0, denom, 1.0), 0.0)
-  return o.astype(q.dtype)
+    s = jnp.einsum("tnh,ntlh->tnl", q.astype(jnp.float32), k, precision=lax.Precision.HIGHEST) * sm_scale
+    if soft_cap is not None:
+        s = soft_cap * jnp.tanh(s / soft_cap)
+    pos = jnp.arange(length)[None, :]  # [1, L]
+    ok = (tok < total)[:, None] & (pos <= q_pos[:, None])  # [T, L]
+    if sliding_window is not None:
+        ok &= pos > q_pos[:, None] - sliding_window
+    ok = ok[:, None, :]  # [T, 1, L]
+    s = jnp.where(ok, s, -jnp.inf)
+    m = jnp.max(s, axis=-1, keepdims=True)
+    p = jnp.where(ok, jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0)), 0.0)
+    denom = jnp.sum(p, axis=-1, keepdims=True)
+    v = jnp.where(jnp.transpose(ok, (1, 0, 2))[..., None], v, 0.0)
+    o = jnp.einsum("tnl,ntlh->tnh", p, v, precision=lax.Precision.HIGHEST)
+    o = jnp.where(denom > 0, o / jnp.where(denom > 0, denom, 1.0), 0.0)
+    return o.astype(q.dtype)
 
 
 def _valid_cu_q_lens(cu_q_lens: jax.Array, num_seqs: jax.Array) -> jax.Array:
-  # Entries past num_seqs are unspecified; repeating the total there turns the
-  # ignored sequences into empty ones, so searches never land on them.
-  num = jnp.clip(num_seqs[0], 0, cu_q_lens.shape[0] - 1)
-  idx = jnp.arange(cu_q_lens.shape[0])
-  return jnp.where(idx <= num, cu_q_lens, cu_q_lens[num])
+    # Entries past num_seqs are unspecified; repeating the total there turns the
+    # ignored sequences into empty ones, so searches never land on them.
+    num = jnp.clip(num_seqs[0], 0, cu_q_lens.shape[0] - 1)
+    idx = jnp.arange(cu_q_lens.shape[0])
+    return jnp.where(idx <= num, cu_q_lens, cu_q_lens[num])
 
 
 def _block_seq_ranges(cu: jax.Array, num_tokens: int, block_q: int):
-  """[first, last) sequences owning rows in each block of block_q tokens."""
-  starts = jnp.arange(pl.cdiv(num_tokens, block_q), dtype=jnp.int32) * block_q
-  ends = jnp.minimum(starts + block_q, cu[-1])
-  first = jnp.searchsorted(cu[1:], starts, side="right").astype(jnp.int32)
-  last = jnp.searchsorted(cu[1:], ends - 1, side="right").astype(jnp.int32) + 1
-  return first, jnp.where(ends > starts, last, first)
+    """[first, last) sequences owning rows in each block of block_q tokens."""
+    starts = jnp.arange(pl.cdiv(num_tokens, block_q), dtype=jnp.int32) * block_q
+    ends = jnp.minimum(starts + block_q, cu[-1])
+    first = jnp.searchsorted(cu[1:], starts, side="right").astype(jnp.int32)
+    last = jnp.searchsorted(cu[1:], ends - 1, side="right").astype(jnp.int32) + 1
+    return first, jnp.where(ends > starts, last, first)
 
 
 class _BlockRows:
-  """Per-row facts of one query block, shared by the two kernels.
+    """Per-row facts of one query block, shared by the two kernels.
 
-  Rows are (token, head) pairs, token-major: row // r_pad is the token offset
-  inside the block.
-  """
+    Rows are (token, head) pairs, token-major: row // r_pad is the token offset
+    inside the block.
+    """
 
-  def __init__(self, block_start, num_rows, rows_per_token):
-    shift = rows_per_token.bit_length() - 1  # r_pad is a power of two
-    row = lax.broadcasted_iota(jnp.int32, (num_rows, 1), 0)
-    self.token = block_start + lax.shift_right_logical(row, shift)  # [R, 1]
-    self.start = block_start
-    self.stop = block_start + num_rows // rows_per_token
+    def __init__(self, block_start, num_rows, rows_per_token):
+        shift = rows_per_token.bit_length() - 1  # r_pad is a power of two
+        row = lax.broadcasted_iota(jnp.int32, (num_rows, 1), 0)
+        self.token = block_start + lax.shift_right_logical(row, shift)  # [R, 1]
+        self.start = block_start
+        self.stop = block_start + num_rows // rows_per_token
 
-  def seq_window(self, q_start, q_end, kv_len, sliding_window):
-    """The kv token range [lo, hi) this block's rows of one sequence see."""
-    ctx0 = kv_len - (q_end - q_start)  # position of the sequence's query 0
-    first = jnp.maximum(q_start, self.start)
-    last = jnp.minimum(q_end, self.stop) - 1
-    hi = ctx0 + last - q_start + 1
-    lo = 0
-    if sliding_window is not None:
-      lo = jnp.maximum(ctx0 + first - q_start - sliding_window + 1, 0)
-    return lo, jnp.where(last >= first, hi, lo)
+    def seq_window(self, q_start, q_end, kv_len, sliding_window):
+        """The kv token range [lo, hi) this block's rows of one sequence see."""
+        ctx0 = kv_len - (q_end - q_start)  # position of the sequence's query 0
+        first = jnp.maximum(q_start, self.start)
+        last = jnp.minimum(q_end, self.stop) - 1
+        hi = ctx0 + last - q_start + 1
+        lo = 0
+        if sliding_window is not None:
+            lo = jnp.maximum(ctx0 + first - q_start - sliding_window + 1, 0)
+        return lo, jnp.where(last >= first, hi, lo)
 
-  def score_mask(self, q_start, q_end, kv_len, pos_row, sliding_window):
-    """bool [R, C]: row may attend to kv token pos_row [1, C]."""
-    q_pos = kv_len - (q_end - q_start) + self.token - q_start  # [R, 1]
-    ok = (self.token >= q_start) & (self.token < q_end) & (pos_row <= q_pos)
-    if sliding_window is not None:
-      ok &= pos_row > q_pos - sliding_window
-    return ok
+    def score_mask(self, q_start, q_end, kv_len, pos_row, sliding_window):
+        """bool [R, C]: row may attend to kv token pos_row [1, C]."""
+        q_pos = kv_len - (q_end - q_start) + self.token - q_start  # [R, 1]
+        ok = (self.token >= q_start) & (self.token < q_end) & (pos_row <= q_pos)
+        if sliding_window is not None:
+            ok &= pos_row > q_pos - sliding_window
+        return ok
 
 
 # ----------------------------------------------------------------------------
@@ -185,117 +184,148 @@ def _tpu_kernel(
     rows_per_token: int,
     pages_per_seq: int,
 ):
-  qb, h = pl.program_id(0), pl.program_id(1)
-  pages_per_chunk, page_size = k_buf.shape[1], k_buf.shape[2]
-  rows = q_ref.shape[0]
-  block = _BlockRows(qb * block_q, rows, rows_per_token)
+    qb, h = pl.program_id(0), pl.program_id(1)
+    pages_per_chunk, page_size = k_buf.shape[1], k_buf.shape[2]
+    rows = q_ref.shape[0]
+    block = _BlockRows(qb * block_q, rows, rows_per_token)
 
-  m_ref[...] = jnp.full(m_ref.shape, -jnp.inf, jnp.float32)
-  l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
-  acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+    m_ref[...] = jnp.full(m_ref.shape, -jnp.inf, jnp.float32)
+    l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
+    acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
 
-  def seq_body(i, _):
-    q_start, q_end, kv_len = cu_ref[i], cu_ref[i + 1], lens_ref[i]
-    lo_tok, hi_tok = block.seq_window(q_start, q_end, kv_len, sliding_window)
-    # lax.div/rem, not // and %: both operands are >= 0, and jnp's floor
-    # semantics emit a sign op whose Mosaic lowering needs a real TPU to ask
-    # for its generation (it fails when lowering on a CPU host).
-    lo_page = lax.div(lo_tok, page_size)
-    hi_page = jnp.minimum(pl.cdiv(hi_tok, page_size), pages_per_seq)
-    num_chunks = pl.cdiv(jnp.maximum(hi_page - lo_page, 0), pages_per_chunk)
+    def seq_body(i, _):
+        q_start, q_end, kv_len = cu_ref[i], cu_ref[i + 1], lens_ref[i]
+        lo_tok, hi_tok = block.seq_window(q_start, q_end, kv_len, sliding_window)
+        # lax.div/rem, not // and %: both operands are >= 0, and jnp's floor
+        # semantics emit a sign op whose Mosaic lowering needs a real TPU to ask
+        # for its generation (it fails when lowering on a CPU host).
+        lo_page = lax.div(lo_tok, page_size)
+        hi_page = jnp.minimum(pl.cdiv(hi_tok, page_size), pages_per_seq)
+        num_chunks = pl.cdiv(jnp.maximum(hi_page - lo_page, 0), pages_per_chunk)
 
-    def copies(chunk, p, slot):
-      page = pages_ref[i * pages_per_seq + lo_page + chunk * pages_per_chunk + p]
-      return (pltpu.make_async_copy(k_hbm.at[h, page], k_buf.at[slot, p],
-                                    sems.at[0, slot]),
-              pltpu.make_async_copy(v_hbm.at[h, page], v_buf.at[slot, p],
-                                    sems.at[1, slot]))
+        def copies(chunk, p, slot):
+            page = pages_ref[i * pages_per_seq + lo_page + chunk * pages_per_chunk + p]
+            return (
+                pltpu.make_async_copy(k_hbm.at[h, page], k_buf.at[slot, p], sems.at[0, slot]),
+                pltpu.make_async_copy(v_hbm.at[h, page], v_buf.at[slot, p], sems.at[1, slot]),
+            )
 
-    def in_range(chunk, p):
-      return lo_page + chunk * pages_per_chunk + p < hi_page
+        def in_range(chunk, p):
+            return lo_page + chunk * pages_per_chunk + p < hi_page
 
-    def start_chunk(chunk, slot):
-      for p in range(pages_per_chunk):
-        @pl.when(in_range(chunk, p))
-        def _start():
-          for c in copies(chunk, p, slot):
-            c.start()
+        def start_chunk(chunk, slot):
+            for p in range(pages_per_chunk):
 
-    @pl.when(num_chunks > 0)
-    def _first():
-      start_chunk(0, 0)
+                @pl.when(in_range(chunk, p))
+                def _start():
+                    for c in copies(chunk, p, slot):
+                        c.start()
 
-    def chunk_body(chunk, _):
-      slot = lax.rem(chunk, 2)
+        @pl.when(num_chunks > 0)
+        def _first():
+            start_chunk(0, 0)
 
-      # Fetch the next chunk into the other buffer while this one is used;
-      # that buffer's previous chunk was consumed in the last iteration.
-      @pl.when(chunk + 1 < num_chunks)
-      def _prefetch():
-        start_chunk(chunk + 1, 1 - slot)
+        def chunk_body(chunk, _):
+            slot = lax.rem(chunk, 2)
 
-      # Wait for the whole chunk before reading any of it: copies sharing a
-      # semaphore may land in any order, so a wait sized for page p only
-      # proves that *some* page of the chunk has arrived.
-      for p in range(pages_per_chunk):
-        @pl.when(in_range(chunk, p))
-        def _wait():
-          for c in copies(chunk, p, slot):
-            c.wait()
+            # Fetch the next chunk into the other buffer while this one is used;
+            # that buffer's previous chunk was consumed in the last iteration.
+            @pl.when(chunk + 1 < num_chunks)
+            def _prefetch():
+                start_chunk(chunk + 1, 1 - slot)
 
-      for p in range(pages_per_chunk):
-        @pl.when(in_range(chunk, p))
-        def _attend():
-          start = (lo_page + chunk * pages_per_chunk + p) * page_size
-          pos_row = start + lax.broadcasted_iota(jnp.int32, (1, page_size), 1)
-          pos_col = start + lax.broadcasted_iota(jnp.int32, (page_size, 1), 0)
-          m, l, acc = _common.attend_tile(
-              q_ref[...], k_buf[slot, p], v_buf[slot, p],
-              block.score_mask(q_start, q_end, kv_len, pos_row, sliding_window),
-              pos_col < kv_len, m_ref[...], l_ref[...], acc_ref[...],
-              sm_scale=sm_scale, soft_cap=soft_cap)
-          m_ref[...], l_ref[...], acc_ref[...] = m, l, acc
+            # Wait for the whole chunk before reading any of it: copies sharing a
+            # semaphore may land in any order, so a wait sized for page p only
+            # proves that *some* page of the chunk has arrived.
+            for p in range(pages_per_chunk):
 
-    lax.fori_loop(0, num_chunks, chunk_body, None)
+                @pl.when(in_range(chunk, p))
+                def _wait():
+                    for c in copies(chunk, p, slot):
+                        c.wait()
 
-  lax.fori_loop(seq_lo_ref[qb], seq_hi_ref[qb], seq_body, None)
-  o_ref[...] = _common.finalize(acc_ref[...], l_ref[...], o_ref.dtype)
+            for p in range(pages_per_chunk):
+
+                @pl.when(in_range(chunk, p))
+                def _attend():
+                    start = (lo_page + chunk * pages_per_chunk + p) * page_size
+                    pos_row = start + lax.broadcasted_iota(jnp.int32, (1, page_size), 1)
+                    pos_col = start + lax.broadcasted_iota(jnp.int32, (page_size, 1), 0)
+                    m, l, acc = common.attend_tile(
+                        q_ref[...],
+                        k_buf[slot, p],
+                        v_buf[slot, p],
+                        block.score_mask(q_start, q_end, kv_len, pos_row, sliding_window),
+                        pos_col < kv_len,
+                        m_ref[...],
+                        l_ref[...],
+                        acc_ref[...],
+                        sm_scale=sm_scale,
+                        soft_cap=soft_cap,
+                    )
+                    m_ref[...], l_ref[...], acc_ref[...] = m, l, acc
+
+        lax.fori_loop(0, num_chunks, chunk_body, None)
+
+    lax.fori_loop(seq_lo_ref[qb], seq_hi_ref[qb], seq_body, None)
+    o_ref[...] = common.finalize(acc_ref[...], l_ref[...], o_ref.dtype)
 
 
-def _tpu_call(q3, k_pages, v_pages, kv_lens, pages, cu, seq_lo, seq_hi, *,
-              sm_scale, soft_cap, sliding_window, block_q, rows_per_token,
-              block_kv, interpret):
-  num_kv_heads, total_rows, head_dim = q3.shape
-  _, _, page_size, _ = k_pages.shape
-  rows = block_q * rows_per_token
-  pages_per_chunk = max(1, block_kv // page_size)
-  kernel = functools.partial(
-      _tpu_kernel, sm_scale=sm_scale, soft_cap=soft_cap,
-      sliding_window=sliding_window, block_q=block_q,
-      rows_per_token=rows_per_token, pages_per_seq=pages.shape[1])
-  q_spec = pl.BlockSpec((None, rows, head_dim), lambda qb, h, *_: (h, qb, 0))
-  hbm = pl.BlockSpec(memory_space=pl.ANY)
-  buf = pltpu.VMEM((2, pages_per_chunk, page_size, head_dim), k_pages.dtype)
-  return pl.pallas_call(
-      kernel,
-      out_shape=jax.ShapeDtypeStruct(q3.shape, q3.dtype),
-      grid_spec=pltpu.PrefetchScalarGridSpec(
-          num_scalar_prefetch=5,
-          grid=(total_rows // rows, num_kv_heads),
-          in_specs=[q_spec, hbm, hbm],
-          out_specs=q_spec,
-          scratch_shapes=[
-              buf, buf, pltpu.SemaphoreType.DMA((2, 2)),
-              pltpu.VMEM((rows, 1), jnp.float32),
-              pltpu.VMEM((rows, 1), jnp.float32),
-              pltpu.VMEM((rows, head_dim), jnp.float32),
-          ],
-      ),
-      compiler_params=pltpu.CompilerParams(
-          dimension_semantics=("parallel", "parallel")),
-      interpret=interpret,
-      name="ragged_paged_attention_tpu",
-  )(kv_lens, pages.reshape(-1), cu, seq_lo, seq_hi, q3, k_pages, v_pages)
+def _tpu_call(
+    q3,
+    k_pages,
+    v_pages,
+    kv_lens,
+    pages,
+    cu,
+    seq_lo,
+    seq_hi,
+    *,
+    sm_scale,
+    soft_cap,
+    sliding_window,
+    block_q,
+    rows_per_token,
+    block_kv,
+    interpret,
+):
+    num_kv_heads, total_rows, head_dim = q3.shape
+    _, _, page_size, _ = k_pages.shape
+    rows = block_q * rows_per_token
+    pages_per_chunk = max(1, block_kv // page_size)
+    kernel = functools.partial(
+        _tpu_kernel,
+        sm_scale=sm_scale,
+        soft_cap=soft_cap,
+        sliding_window=sliding_window,
+        block_q=block_q,
+        rows_per_token=rows_per_token,
+        pages_per_seq=pages.shape[1],
+    )
+    q_spec = pl.BlockSpec((None, rows, head_dim), lambda qb, h, *_: (h, qb, 0))
+    hbm = pl.BlockSpec(memory_space=pl.ANY)
+    buf = pltpu.VMEM((2, pages_per_chunk, page_size, head_dim), k_pages.dtype)
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct(q3.shape, q3.dtype),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=5,
+            grid=(total_rows // rows, num_kv_heads),
+            in_specs=[q_spec, hbm, hbm],
+            out_specs=q_spec,
+            scratch_shapes=[
+                buf,
+                buf,
+                pltpu.SemaphoreType.DMA((2, 2)),
+                pltpu.VMEM((rows, 1), jnp.float32),
+                pltpu.VMEM((rows, 1), jnp.float32),
+                pltpu.VMEM((rows, head_dim), jnp.float32),
+            ],
+        ),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+        interpret=interpret,
+        name="ragged_paged_attention_tpu",
+    )(kv_lens, pages.reshape(-1), cu, seq_lo, seq_hi, q3, k_pages, v_pages)
 
 
 # ----------------------------------------------------------------------------
@@ -320,98 +350,132 @@ def _gpu_kernel(
     rows_per_token: int,
     pages_per_tile: int,
 ):
-  qb, split = pl.program_id(0), pl.program_id(2)
-  num_splits = pl.num_programs(2)
-  _, page_size, head_dim = k_ref.shape
-  tile = pages_per_tile * page_size
-  max_tiles = pages_ref.shape[1] // pages_per_tile
-  q = q_ref[...]
-  rows = q.shape[0]
-  block = _BlockRows(qb * block_q, rows, rows_per_token)
+    qb, split = pl.program_id(0), pl.program_id(2)
+    num_splits = pl.num_programs(2)
+    _, page_size, head_dim = k_ref.shape
+    tile = pages_per_tile * page_size
+    max_tiles = pages_ref.shape[1] // pages_per_tile
+    q = q_ref[...]
+    rows = q.shape[0]
+    block = _BlockRows(qb * block_q, rows, rows_per_token)
 
-  def seq_body(i, carry):
-    q_start, q_end, kv_len = cu_ref[i], cu_ref[i + 1], lens_ref[i]
-    lo_tok, hi_tok = block.seq_window(q_start, q_end, kv_len, sliding_window)
-    # Each split takes an even share of every sequence's tiles, so a block of
-    # decode tokens with long contexts still spreads over many programs.
-    start, stop = _common.split_range(
-        lax.div(lo_tok, tile), jnp.minimum(pl.cdiv(hi_tok, tile), max_tiles),
-        split, num_splits)
+    def seq_body(i, carry):
+        q_start, q_end, kv_len = cu_ref[i], cu_ref[i + 1], lens_ref[i]
+        lo_tok, hi_tok = block.seq_window(q_start, q_end, kv_len, sliding_window)
+        # Each split takes an even share of every sequence's tiles, so a block of
+        # decode tokens with long contexts still spreads over many programs.
+        start, stop = common.split_range(
+            lax.div(lo_tok, tile), jnp.minimum(pl.cdiv(hi_tok, tile), max_tiles), split, num_splits
+        )
 
-    def tile_body(t, carry):
-      m, l, acc = carry
-      page_ids = pages_ref[i, pl.ds(t * pages_per_tile, pages_per_tile)]
-      k = k_ref[page_ids].reshape(tile, head_dim)
-      v = v_ref[page_ids].reshape(tile, head_dim)
-      pos_row = t * tile + lax.broadcasted_iota(jnp.int32, (1, tile), 1)
-      pos_col = t * tile + lax.broadcasted_iota(jnp.int32, (tile, 1), 0)
-      return _common.attend_tile(
-          q, k, v,
-          block.score_mask(q_start, q_end, kv_len, pos_row, sliding_window),
-          pos_col < kv_len, m, l, acc, sm_scale=sm_scale, soft_cap=soft_cap)
+        def tile_body(t, carry):
+            m, l, acc = carry
+            page_ids = pages_ref[i, pl.ds(t * pages_per_tile, pages_per_tile)]
+            k = k_ref[page_ids].reshape(tile, head_dim)
+            v = v_ref[page_ids].reshape(tile, head_dim)
+            pos_row = t * tile + lax.broadcasted_iota(jnp.int32, (1, tile), 1)
+            pos_col = t * tile + lax.broadcasted_iota(jnp.int32, (tile, 1), 0)
+            return common.attend_tile(
+                q,
+                k,
+                v,
+                block.score_mask(q_start, q_end, kv_len, pos_row, sliding_window),
+                pos_col < kv_len,
+                m,
+                l,
+                acc,
+                sm_scale=sm_scale,
+                soft_cap=soft_cap,
+            )
 
-    return lax.fori_loop(start, stop, tile_body, carry)
+        return lax.fori_loop(start, stop, tile_body, carry)
 
-  init = (jnp.full((rows, 1), -jnp.inf, jnp.float32),
-          jnp.zeros((rows, 1), jnp.float32),
-          jnp.zeros((rows, head_dim), jnp.float32))
-  m, l, acc = lax.fori_loop(seq_lo_ref[qb], seq_hi_ref[qb], seq_body, init)
-  if stat_refs:
-    m_ref, l_ref = stat_refs
-    o_ref[...], m_ref[...], l_ref[...] = acc, m, l
-  else:
-    o_ref[...] = _common.finalize(acc, l, o_ref.dtype)
+    init = (
+        jnp.full((rows, 1), -jnp.inf, jnp.float32),
+        jnp.zeros((rows, 1), jnp.float32),
+        jnp.zeros((rows, head_dim), jnp.float32),
+    )
+    m, l, acc = lax.fori_loop(seq_lo_ref[qb], seq_hi_ref[qb], seq_body, init)
+    if stat_refs:
+        m_ref, l_ref = stat_refs
+        o_ref[...], m_ref[...], l_ref[...] = acc, m, l
+    else:
+        o_ref[...] = common.finalize(acc, l, o_ref.dtype)
 
 
-def _gpu_call(q3, k_pages, v_pages, kv_lens, pages, cu, seq_lo, seq_hi, *,
-              sm_scale, soft_cap, sliding_window, block_q, rows_per_token,
-              block_kv, num_splits, interpret):
-  num_kv_heads, total_rows, head_dim = q3.shape
-  _, num_pages, page_size, _ = k_pages.shape
-  rows = block_q * rows_per_token
-  num_blocks = total_rows // rows
-  tile = max(block_kv, page_size)
-  pages_per_tile = tile // page_size
-  # Whole tiles only: pad the table with page 0 (in bounds, masked by length).
-  pages = jnp.pad(pages, ((0, 0), (0, -pages.shape[1] % pages_per_tile)))
-  if num_splits is None:
-    num_splits = _common.default_gpu_splits(
-        num_blocks * num_kv_heads, pages.shape[1] // pages_per_tile)
+def _gpu_call(
+    q3,
+    k_pages,
+    v_pages,
+    kv_lens,
+    pages,
+    cu,
+    seq_lo,
+    seq_hi,
+    *,
+    sm_scale,
+    soft_cap,
+    sliding_window,
+    block_q,
+    rows_per_token,
+    block_kv,
+    num_splits,
+    interpret,
+):
+    num_kv_heads, total_rows, head_dim = q3.shape
+    _, num_pages, page_size, _ = k_pages.shape
+    rows = block_q * rows_per_token
+    num_blocks = total_rows // rows
+    tile = max(block_kv, page_size)
+    pages_per_tile = tile // page_size
+    # Whole tiles only: pad the table with page 0 (in bounds, masked by length).
+    pages = jnp.pad(pages, ((0, 0), (0, -pages.shape[1] % pages_per_tile)))
+    if num_splits is None:
+        num_splits = common.default_gpu_splits(num_blocks * num_kv_heads, pages.shape[1] // pages_per_tile)
 
-  kernel = functools.partial(
-      _gpu_kernel, sm_scale=sm_scale, soft_cap=soft_cap,
-      sliding_window=sliding_window, block_q=block_q,
-      rows_per_token=rows_per_token, pages_per_tile=pages_per_tile)
-  whole = lambda shape: pl.BlockSpec(shape, lambda *_: (0,) * len(shape))
-  q_spec = pl.BlockSpec((None, rows, head_dim), lambda qb, h, s: (h, qb, 0))
-  kv_spec = pl.BlockSpec((None, num_pages, page_size, head_dim),
-                         lambda qb, h, s: (h, 0, 0, 0))
-  if num_splits == 1:
-    # One split finalises in the kernel: no f32 round trip through HBM.
-    out_shape = jax.ShapeDtypeStruct(q3.shape, q3.dtype)
-    out_specs = q_spec
-  else:
-    part = lambda last: pl.BlockSpec((None, None, rows, last),
-                                     lambda qb, h, s: (s, h, qb, 0))
-    part_shape = lambda last: jax.ShapeDtypeStruct(
-        (num_splits, num_kv_heads, total_rows, last), jnp.float32)
-    out_shape = [part_shape(head_dim), part_shape(1), part_shape(1)]
-    out_specs = [part(head_dim), part(1), part(1)]
-  out = pl.pallas_call(
-      kernel,
-      out_shape=out_shape,
-      grid=(num_blocks, num_kv_heads, num_splits),
-      in_specs=[whole(kv_lens.shape), whole(pages.shape), whole(cu.shape),
-                whole(seq_lo.shape), whole(seq_hi.shape), q_spec, kv_spec,
-                kv_spec],
-      out_specs=out_specs,
-      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
-      interpret=interpret,
-      name="ragged_paged_attention_gpu",
-  )(kv_lens, pages, cu, seq_lo, seq_hi, q3, k_pages, v_pages)
-  if num_splits == 1:
-    return out
-  return _common.merge_partials(*out, q3.dtype)
+    kernel = functools.partial(
+        _gpu_kernel,
+        sm_scale=sm_scale,
+        soft_cap=soft_cap,
+        sliding_window=sliding_window,
+        block_q=block_q,
+        rows_per_token=rows_per_token,
+        pages_per_tile=pages_per_tile,
+    )
+    whole = lambda shape: pl.BlockSpec(shape, lambda *_: (0,) * len(shape))
+    q_spec = pl.BlockSpec((None, rows, head_dim), lambda qb, h, s: (h, qb, 0))
+    kv_spec = pl.BlockSpec((None, num_pages, page_size, head_dim), lambda qb, h, s: (h, 0, 0, 0))
+    if num_splits == 1:
+        # One split finalises in the kernel: no f32 round trip through HBM.
+        out_shape = jax.ShapeDtypeStruct(q3.shape, q3.dtype)
+        out_specs = q_spec
+    else:
+        part = lambda last: pl.BlockSpec((None, None, rows, last), lambda qb, h, s: (s, h, qb, 0))
+        part_shape = lambda last: jax.ShapeDtypeStruct((num_splits, num_kv_heads, total_rows, last), jnp.float32)
+        out_shape = [part_shape(head_dim), part_shape(1), part_shape(1)]
+        out_specs = [part(head_dim), part(1), part(1)]
+    out = pl.pallas_call(
+        kernel,
+        out_shape=out_shape,
+        grid=(num_blocks, num_kv_heads, num_splits),
+        in_specs=[
+            whole(kv_lens.shape),
+            whole(pages.shape),
+            whole(cu.shape),
+            whole(seq_lo.shape),
+            whole(seq_hi.shape),
+            q_spec,
+            kv_spec,
+            kv_spec,
+        ],
+        out_specs=out_specs,
+        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
+        interpret=interpret,
+        name="ragged_paged_attention_gpu",
+    )(kv_lens, pages, cu, seq_lo, seq_hi, q3, k_pages, v_pages)
+    if num_splits == 1:
+        return out
+    return common.merge_partials(*out, q3.dtype)
 
 
 # ----------------------------------------------------------------------------
@@ -420,8 +484,17 @@ def _gpu_call(q3, k_pages, v_pages, kv_lens, pages, cu, seq_lo, seq_hi, *,
 
 @functools.partial(
     jax.jit,
-    static_argnames=("sm_scale", "sliding_window", "soft_cap", "interpret",
-                     "platform", "block_q", "block_kv", "num_splits"))
+    static_argnames=(
+        "sm_scale",
+        "sliding_window",
+        "soft_cap",
+        "interpret",
+        "platform",
+        "block_q",
+        "block_kv",
+        "num_splits",
+    ),
+)
 def ragged_paged_attention(
     q: jax.Array,
     k_pages: jax.Array,
@@ -440,104 +513,107 @@ def ragged_paged_attention(
     block_kv: int | None = None,
     num_splits: int | None = None,
 ) -> jax.Array:
-  """Causal attention of a flat, ragged batch of new tokens to paged KV.
+    """Causal attention of a flat, ragged batch of new tokens to paged KV.
 
-  Args:
-    q: [T, N, H] new tokens of all sequences, concatenated, then padding.
-    k_pages, v_pages: [K, P, G, H] the layer's KV pages, q's dtype, already
-      holding the new tokens' K/V. Token p of sequence i lives at page
-      page_indices[i, p // G], row p % G.
-    kv_lens: i32[S] context length of each sequence, new tokens included.
-    page_indices: i32[S, pages_per_seq] page table. Entries past
-      cdiv(kv_lens[i], G) are ignored and may hold any value.
-    cu_q_lens: i32[S + 1] row offsets: sequence i owns rows
-      cu_q_lens[i]:cu_q_lens[i + 1] (may be empty). Must be nondecreasing up
-      to index num_seqs[0]; entries after it are ignored.
-    num_seqs: i32[1] number of live sequences; the rest are ignored.
-    sm_scale: score scale, default H ** -0.5.
-    sliding_window: if set, query at position x sees only positions > x - w.
-    soft_cap: if set, scores = soft_cap * tanh(scores / soft_cap).
-    interpret: True runs the kernel in the generic Pallas interpreter (CPU
-      tests). TPU variant only: a pltpu.InterpretParams selects the TPU
-      interpreter instead, which also simulates DMAs and can raise on
-      out-of-bounds reads.
-    platform: "tpu" (Mosaic kernel) or "gpu"/"cuda"/"rocm" (Triton kernel);
-      None follows jax.default_backend() and means "tpu" in interpret mode on
-      CPU.
-    block_q: tokens per program (power of two); default fills ~32 rows.
-    block_kv: kv tokens fetched per step (power of two, >= 16); default 128
-      on TPU, 64 on GPU. Rounded up to a whole page.
-    num_splits: GPU only: programs per (query block, kv head) splitting each
-      sequence's kv tiles; None picks enough to fill the GPU.
+    Args:
+      q: [T, N, H] new tokens of all sequences, concatenated, then padding.
+      k_pages, v_pages: [K, P, G, H] the layer's KV pages, q's dtype, already
+        holding the new tokens' K/V. Token p of sequence i lives at page
+        page_indices[i, p // G], row p % G.
+      kv_lens: i32[S] context length of each sequence, new tokens included.
+      page_indices: i32[S, pages_per_seq] page table. Entries past
+        cdiv(kv_lens[i], G) are ignored and may hold any value.
+      cu_q_lens: i32[S + 1] row offsets: sequence i owns rows
+        cu_q_lens[i]:cu_q_lens[i + 1] (may be empty). Must be nondecreasing up
+        to index num_seqs[0]; entries after it are ignored.
+      num_seqs: i32[1] number of live sequences; the rest are ignored.
+      sm_scale: score scale, default H ** -0.5.
+      sliding_window: if set, query at position x sees only positions > x - w.
+      soft_cap: if set, scores = soft_cap * tanh(scores / soft_cap).
+      interpret: True runs the kernel in the generic Pallas interpreter (CPU
+        tests). TPU variant only: a pltpu.InterpretParams selects the TPU
+        interpreter instead, which also simulates DMAs and can raise on
+        out-of-bounds reads.
+      platform: "tpu" (Mosaic kernel) or "gpu"/"cuda"/"rocm" (Triton kernel);
+        None follows jax.default_backend() and means "tpu" in interpret mode on
+        CPU.
+      block_q: tokens per program (power of two); default fills ~32 rows.
+      block_kv: kv tokens fetched per step (power of two, >= 16); default 128
+        on TPU, 64 on GPU. Rounded up to a whole page.
+      num_splits: GPU only: programs per (query block, kv head) splitting each
+        sequence's kv tiles; None picks enough to fill the GPU.
 
-  Returns:
-    [T, N, H] in q's dtype. Rows >= cu_q_lens[num_seqs[0]] are zeros.
+    Returns:
+      [T, N, H] in q's dtype. Rows >= cu_q_lens[num_seqs[0]] are zeros.
 
-  Raises:
-    ValueError: on mismatched shapes or dtypes, non-int32 metadata, invalid
-      options, or (GPU) a page size / head dim that is not a power of two.
-  """
-  if q.ndim != 3:
-    raise ValueError(f"q must be [T, N, H], got shape {q.shape}")
-  _common.check_kv_pages(q, k_pages, v_pages)
-  num_tokens, num_heads, head_dim = q.shape
-  num_kv_heads, num_pages, page_size, _ = k_pages.shape
-  if kv_lens.ndim != 1:
-    raise ValueError(f"kv_lens must be [S], got shape {kv_lens.shape}")
-  max_seqs = kv_lens.shape[0]
-  _common.check_int32("kv_lens", kv_lens, (max_seqs,))
-  if page_indices.ndim != 2 or page_indices.shape[0] != max_seqs:
-    raise ValueError(
-        f"page_indices must be [S={max_seqs}, pages_per_seq], got "
-        f"{page_indices.shape}")
-  _common.check_int32("page_indices", page_indices, page_indices.shape)
-  _common.check_int32("cu_q_lens", cu_q_lens, (max_seqs + 1,))
-  _common.check_int32("num_seqs", num_seqs, (1,))
-  _common.check_options(sm_scale, soft_cap, sliding_window)
-  variant = _common.resolve_variant(platform, interpret)
-  if variant == "gpu" and isinstance(interpret, pltpu.InterpretParams):
-    raise ValueError("pltpu.InterpretParams only applies to the TPU variant")
-  if variant == "gpu":
-    _common.check_gpu_shapes(page_size, head_dim)
-  if sm_scale is None:
-    sm_scale = head_dim ** -0.5
+    Raises:
+      ValueError: on mismatched shapes or dtypes, non-int32 metadata, invalid
+        options, or (GPU) a page size / head dim that is not a power of two.
+    """
+    if q.ndim != 3:
+        raise ValueError(f"q must be [T, N, H], got shape {q.shape}")
+    common.check_kv_pages(q, k_pages, v_pages)
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads, num_pages, page_size, _ = k_pages.shape
+    if kv_lens.ndim != 1:
+        raise ValueError(f"kv_lens must be [S], got shape {kv_lens.shape}")
+    max_seqs = kv_lens.shape[0]
+    common.check_int32("kv_lens", kv_lens, (max_seqs,))
+    if page_indices.ndim != 2 or page_indices.shape[0] != max_seqs:
+        raise ValueError(f"page_indices must be [S={max_seqs}, pages_per_seq], got {page_indices.shape}")
+    common.check_int32("page_indices", page_indices, page_indices.shape)
+    common.check_int32("cu_q_lens", cu_q_lens, (max_seqs + 1,))
+    common.check_int32("num_seqs", num_seqs, (1,))
+    common.check_options(sm_scale, soft_cap, sliding_window)
+    variant = common.resolve_variant(platform, interpret)
+    if variant == "gpu" and isinstance(interpret, pltpu.InterpretParams):
+        raise ValueError("pltpu.InterpretParams only applies to the TPU variant")
+    if variant == "gpu":
+        common.check_gpu_shapes(page_size, head_dim)
+    if sm_scale is None:
+        sm_scale = head_dim**-0.5
 
-  rows_per_token = _common.next_pow2(num_heads // num_kv_heads)
-  if block_q is None:
-    block_q = max(1, _TARGET_ROWS // rows_per_token)
-  if not _common.is_pow2(block_q):
-    raise ValueError(f"block_q must be a power of two, got {block_q}")
-  if block_q * rows_per_token < 16 and variant == "gpu":
-    raise ValueError(
-        f"GPU kernel needs block_q * r_pad >= 16 query rows (tl.dot), got "
-        f"{block_q} * {rows_per_token}")
-  if num_splits is not None and num_splits < 1:
-    raise ValueError(f"num_splits must be >= 1, got {num_splits}")
-  if block_kv is None:
-    block_kv = _DEFAULT_BLOCK_KV[variant]
-  if not _common.is_pow2(block_kv) or block_kv < 16:
-    raise ValueError(f"block_kv must be a power of two >= 16, got {block_kv}")
+    rows_per_token = common.next_pow2(num_heads // num_kv_heads)
+    if block_q is None:
+        block_q = max(1, _TARGET_ROWS // rows_per_token)
+    if not common.is_pow2(block_q):
+        raise ValueError(f"block_q must be a power of two, got {block_q}")
+    if block_q * rows_per_token < 16 and variant == "gpu":
+        raise ValueError(
+            f"GPU kernel needs block_q * r_pad >= 16 query rows (tl.dot), got {block_q} * {rows_per_token}"
+        )
+    if num_splits is not None and num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    if block_kv is None:
+        block_kv = _DEFAULT_BLOCK_KV[variant]
+    if not common.is_pow2(block_kv) or block_kv < 16:
+        raise ValueError(f"block_kv must be a power of two >= 16, got {block_kv}")
 
-  cu = _valid_cu_q_lens(cu_q_lens, num_seqs)
-  seq_lo, seq_hi = _block_seq_ranges(cu, num_tokens, block_q)
-  pages = _common.sanitize_page_indices(page_indices, num_pages)
+    cu = _valid_cu_q_lens(cu_q_lens, num_seqs)
+    seq_lo, seq_hi = _block_seq_ranges(cu, num_tokens, block_q)
+    pages = common.sanitize_page_indices(page_indices, num_pages)
 
-  # [T, N, H] -> [K, T_pad * r_pad, H]: one kv head's rows are contiguous and
-  # a block of block_q tokens is a plain 2-D tile.
-  padded_tokens = pl.cdiv(num_tokens, block_q) * block_q
-  q_pad = jnp.pad(q, ((0, padded_tokens - num_tokens), (0, 0), (0, 0)))
-  q3 = _common.group_heads(q_pad, num_kv_heads, rows_per_token)
-  q3 = q3.transpose(1, 0, 2, 3).reshape(num_kv_heads, -1, head_dim)
+    # [T, N, H] -> [K, T_pad * r_pad, H]: one kv head's rows are contiguous and
+    # a block of block_q tokens is a plain 2-D tile.
+    padded_tokens = pl.cdiv(num_tokens, block_q) * block_q
+    q_pad = jnp.pad(q, ((0, padded_tokens - num_tokens), (0, 0), (0, 0)))
+    q3 = common.group_heads(q_pad, num_kv_heads, rows_per_token)
+    q3 = q3.transpose(1, 0, 2, 3).reshape(num_kv_heads, -1, head_dim)
 
-  common = dict(sm_scale=sm_scale, soft_cap=soft_cap,
-                sliding_window=sliding_window, block_q=block_q,
-                rows_per_token=rows_per_token, block_kv=block_kv,
-                interpret=interpret)
-  args = (q3, k_pages, v_pages, kv_lens, pages, cu, seq_lo, seq_hi)
-  if variant == "tpu":
-    o3 = _tpu_call(*args, **common)
-  else:
-    o3 = _gpu_call(*args, num_splits=num_splits, **common)
-  o = o3.reshape(num_kv_heads, padded_tokens, rows_per_token, head_dim)
-  o = _common.ungroup_heads(o.transpose(1, 0, 2, 3), num_heads)
-  return o[:num_tokens]
+    call_options = dict(
+        sm_scale=sm_scale,
+        soft_cap=soft_cap,
+        sliding_window=sliding_window,
+        block_q=block_q,
+        rows_per_token=rows_per_token,
+        block_kv=block_kv,
+        interpret=interpret,
+    )
+    args = (q3, k_pages, v_pages, kv_lens, pages, cu, seq_lo, seq_hi)
+    if variant == "tpu":
+        o3 = _tpu_call(*args, **call_options)
+    else:
+        o3 = _gpu_call(*args, num_splits=num_splits, **call_options)
+    o = o3.reshape(num_kv_heads, padded_tokens, rows_per_token, head_dim)
+    o = common.ungroup_heads(o.transpose(1, 0, 2, 3), num_heads)
+    return o[:num_tokens]

@@ -16,6 +16,7 @@ Both use an online softmax in float32. Decode work is tightest when decodes come
 packs them so), but any order is correct. Masked K/V positions are zeroed before use, so NaN or stale data in
 unused pages never reaches an output. Rows past cu_q_lens[num_seqs] are zeros.
 """
+
 import jax
 import jax.numpy as jnp
 
@@ -42,17 +43,31 @@ def _online_update(carry, s, valid, v):
     return m_new, l * alpha + jnp.sum(p, axis=-1), acc * alpha[..., None], p
 
 
-def xla_ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *,
-                               sm_scale: float | None = None, sliding_window: int | None = None,
-                               soft_cap: float | None = None, slot_block: int = 32, decode_kv_block: int = 64,
-                               prefill_kv_block: int = 256, q_block: int = 128):
+def xla_ragged_paged_attention(
+    q,
+    k_pages,
+    v_pages,
+    kv_lens,
+    page_indices,
+    cu_q_lens,
+    num_seqs,
+    *,
+    sm_scale: float | None = None,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    slot_block: int = 32,
+    decode_kv_block: int = 64,
+    prefill_kv_block: int = 256,
+    q_block: int = 128,
+):
     q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs = (
-        jnp.asarray(x) for x in (q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs))
+        jnp.asarray(x) for x in (q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
+    )
     T, N, H = q.shape
     K, _, G, _ = k_pages.shape
     S, W = page_indices.shape
     R = N // K
-    scale = H ** -0.5 if sm_scale is None else sm_scale
+    scale = H**-0.5 if sm_scale is None else sm_scale
     cap = (lambda s: s) if soft_cap is None else (lambda s: soft_cap * jnp.tanh(s / soft_cap))
 
     seq_valid = jnp.arange(S) < num_seqs[0]
@@ -62,7 +77,9 @@ def xla_ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_indices, cu_q_
     is_prefill = q_lens > 1
     num_tokens = cu_q_lens[num_seqs[0]]
     t = jnp.arange(T)
-    seg_t = jnp.clip(jnp.searchsorted(cu_q_lens, t, side="right", method="compare_all") - 1, 0, S - 1)  # [T] owning sequence
+    seg_t = jnp.clip(
+        jnp.searchsorted(cu_q_lens, t, side="right", method="compare_all") - 1, 0, S - 1
+    )  # [T] owning sequence
     row_valid = t < num_tokens
     qf = q.astype(jnp.float32) * scale
 
@@ -82,8 +99,11 @@ def xla_ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_indices, cu_q_
         qb = qf[jax.lax.dynamic_slice_in_dim(dec_rows, lo, sb)].reshape(sb, K, R, H).transpose(1, 0, 2, 3)
         table = jax.lax.dynamic_slice_in_dim(pt, lo, sb, axis=0)  # [sb, W']
         n_kv = -(-jnp.max(kvl) // (pb * G))
-        lo_pos = jnp.zeros((), jnp.int32) if sliding_window is None else jnp.maximum(
-            jnp.min(jnp.where(kvl > 0, kvl, jnp.iinfo(jnp.int32).max)) - sliding_window, 0)
+        lo_pos = (
+            jnp.zeros((), jnp.int32)
+            if sliding_window is None
+            else jnp.maximum(jnp.min(jnp.where(kvl > 0, kvl, jnp.iinfo(jnp.int32).max)) - sliding_window, 0)
+        )
         first = jnp.minimum(lo_pos // (pb * G), n_kv)
 
         def kv_step(j, carry):
@@ -128,15 +148,20 @@ def xla_ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_indices, cu_q_
         segs = jax.lax.dynamic_slice_in_dim(seg_p, r0, qbk)
         qp = jax.lax.dynamic_slice_in_dim(qpos_p, r0, qbk)
         # [K, qbk * R, H]: each kv head's query rows form one matrix, so scores are one batched matmul per block.
-        qb = jax.lax.dynamic_slice_in_dim(qf_p, r0, qbk).reshape(qbk, K, R, H).transpose(1, 0, 2, 3).reshape(
-            K, qbk * R, H)
+        qb = (
+            jax.lax.dynamic_slice_in_dim(qf_p, r0, qbk)
+            .reshape(qbk, K, R, H)
+            .transpose(1, 0, 2, 3)
+            .reshape(K, qbk * R, H)
+        )
         # The kv span this block can see: from its first prefill sequence's start to its last row's causal limit.
         first_seg = jnp.min(jnp.where(rows_pf, segs, S))
         kv_start = cu_kv[jnp.minimum(first_seg, S)]
         kv_end = jnp.max(jnp.where(rows_pf, cu_kv[segs] + qp + 1, 0))
         if sliding_window is not None:
-            kv_start = jnp.maximum(kv_start, jnp.min(jnp.where(rows_pf, cu_kv[segs] + qp - sliding_window + 1,
-                                                               jnp.iinfo(jnp.int32).max)))
+            kv_start = jnp.maximum(
+                kv_start, jnp.min(jnp.where(rows_pf, cu_kv[segs] + qp - sliding_window + 1, jnp.iinfo(jnp.int32).max))
+            )
         j0 = kv_start // kb
         j1 = jnp.where(jnp.any(rows_pf), (kv_end + kb - 1) // kb, j0)
 
@@ -148,8 +173,12 @@ def xla_ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_indices, cu_q_
             page = page_indices[seg_c, jnp.clip(pos_c // G, 0, W - 1)]
             k = k_pages[:, page, pos_c % G].astype(jnp.float32)
             v = jnp.where(col_valid[None, :, None], v_pages[:, page, pos_c % G].astype(jnp.float32), 0.0)
-            valid = (rows_pf[:, None] & col_valid[None, :] & (segs[:, None] == seg_c[None, :])
-                     & (pos_c[None, :] <= qp[:, None]))
+            valid = (
+                rows_pf[:, None]
+                & col_valid[None, :]
+                & (segs[:, None] == seg_c[None, :])
+                & (pos_c[None, :] <= qp[:, None])
+            )
             if sliding_window is not None:
                 valid &= pos_c[None, :] > qp[:, None] - sliding_window
             s = cap(jnp.einsum("kqh,kch->kqc", qb, k)).reshape(K, qbk, R, kb)

@@ -1,4 +1,5 @@
 """Shared test helpers: random workloads and the full-forward greedy oracle."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,10 +9,15 @@ from cbjax import SamplingParams
 
 def random_workload(n: int, seed: int, vocab: int, prompt_range=(1, 300), max_tokens_range=(1, 64)):
     rng = np.random.default_rng(seed)
-    prompts = [rng.integers(3, vocab, int(rng.integers(prompt_range[0], prompt_range[1] + 1))).tolist()
-               for _ in range(n)]
-    params = [SamplingParams(max_tokens=int(rng.integers(max_tokens_range[0], max_tokens_range[1] + 1)),
-                             temperature=0.0, ignore_eos=True) for _ in range(n)]
+    prompts = [
+        rng.integers(3, vocab, int(rng.integers(prompt_range[0], prompt_range[1] + 1))).tolist() for _ in range(n)
+    ]
+    params = [
+        SamplingParams(
+            max_tokens=int(rng.integers(max_tokens_range[0], max_tokens_range[1] + 1)), temperature=0.0, ignore_eos=True
+        )
+        for _ in range(n)
+    ]
     return prompts, params
 
 
@@ -26,7 +32,7 @@ def greedy_reference(model, prompts, max_tokens, width: int) -> list[list[int]]:
     toks = np.zeros((n, width), np.int32)
     lens = np.array([len(p) for p in prompts])
     for i, p in enumerate(prompts):
-        toks[i, :len(p)] = p
+        toks[i, : len(p)] = p
     outs = [[] for _ in range(n)]
     for _ in range(max(max_tokens)):
         logits = fwd(jnp.asarray(toks))
@@ -50,7 +56,6 @@ def parse_config(argv, config_file: str = "configs/compare_cpu.py"):
     fv = flags.FlagValues()
     argv = ["prog", *argv]
     # config_flags defines the --config.<field> flags from the argv it is given, before parsing it.
-    holder = config_flags.DEFINE_config_file("config", os.path.join(root, config_file), flag_values=fv,
-                                             sys_argv=argv)
+    holder = config_flags.DEFINE_config_file("config", os.path.join(root, config_file), flag_values=fv, sys_argv=argv)
     fv(argv)
     return holder.value

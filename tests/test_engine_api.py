@@ -1,4 +1,5 @@
 """Engine API: bad input, aborts, streaming, sampling reproducibility. One shared small engine."""
+
 import numpy as np
 import pytest
 
@@ -27,10 +28,16 @@ BAD_INPUTS = [
     ("empty prompt", lambda e: e.add_request("x", [], SamplingParams()), "empty prompt"),
     ("token id above vocab", lambda e: e.add_request("x", [5, 512], SamplingParams()), "outside the vocabulary"),
     ("negative token id", lambda e: e.add_request("x", [-1, 4], SamplingParams()), "outside the vocabulary"),
-    ("prompt longer than max_model_len", lambda e: e.add_request("x", [5] * 97, SamplingParams()),
-     "longer than max_model_len"),
-    ("prompt + max_tokens beyond max_model_len", lambda e: e.add_request("x", [5] * 90, SamplingParams(max_tokens=10)),
-     "exceeds max_model_len"),
+    (
+        "prompt longer than max_model_len",
+        lambda e: e.add_request("x", [5] * 97, SamplingParams()),
+        "longer than max_model_len",
+    ),
+    (
+        "prompt + max_tokens beyond max_model_len",
+        lambda e: e.add_request("x", [5] * 90, SamplingParams(max_tokens=10)),
+        "exceeds max_model_len",
+    ),
     ("max_tokens < 1", lambda e: e.add_request("x", [5], SamplingParams(max_tokens=0)), "max_tokens"),
     ("temperature < 0", lambda e: e.add_request("x", [5], SamplingParams(temperature=-0.5)), "temperature"),
     ("top_p above 1", lambda e: e.add_request("x", [5], SamplingParams(top_p=1.5)), "top_p"),
@@ -59,8 +66,9 @@ def test_bad_input_is_refused_and_others_still_finish(engine, name, call, messag
 
 def test_pool_too_small_for_a_request_is_refused():
     model = init_model(get_model_config("test-tiny"), seed=0)
-    e = LLMEngine(model, max_num_seqs=2, max_num_batched_tokens=16, page_size=8, num_pages=2, max_model_len=64,
-                  warmup=False)
+    e = LLMEngine(
+        model, max_num_seqs=2, max_num_batched_tokens=16, page_size=8, num_pages=2, max_model_len=64, warmup=False
+    )
     with pytest.raises(ValueError, match="KV pages"):
         e.add_request("big", [5] * 10, SamplingParams(max_tokens=10))
 
@@ -112,9 +120,10 @@ def test_stop_token_ends_generation(engine):
     toks = ref.outputs[0].token_ids
     stop = toks[2]
     out = LLM.from_engine(engine).generate(
-        [[9, 8, 7]], SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=[stop]))[0]
+        [[9, 8, 7]], SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=[stop])
+    )[0]
     assert out.outputs[0].finish_reason == "stop"
-    assert out.outputs[0].token_ids == toks[:toks.index(stop) + 1]
+    assert out.outputs[0].token_ids == toks[: toks.index(stop) + 1]
 
 
 def test_same_seed_same_tokens_whatever_the_batch(engine):
@@ -123,12 +132,14 @@ def test_same_seed_same_tokens_whatever_the_batch(engine):
     alone = llm.generate([[11, 12, 13]], sp)[0].outputs[0].token_ids
     rng = np.random.default_rng(0)
     others = [rng.integers(3, 500, int(rng.integers(1, 40))).tolist() for _ in range(5)]
-    other_params = [SamplingParams(max_tokens=int(rng.integers(1, 20)), temperature=0.8, ignore_eos=True)
-                    for _ in others]
+    other_params = [
+        SamplingParams(max_tokens=int(rng.integers(1, 20)), temperature=0.8, ignore_eos=True) for _ in others
+    ]
     crowd = llm.generate(others[:2] + [[11, 12, 13]] + others[2:], other_params[:2] + [sp] + other_params[2:])
     assert crowd[2].outputs[0].token_ids == alone
-    other_seed = llm.generate([[11, 12, 13]], SamplingParams(max_tokens=12, temperature=1.0, seed=99,
-                                                             ignore_eos=True))[0]
+    other_seed = llm.generate([[11, 12, 13]], SamplingParams(max_tokens=12, temperature=1.0, seed=99, ignore_eos=True))[
+        0
+    ]
     assert other_seed.outputs[0].token_ids != alone
 
 
@@ -155,12 +166,15 @@ def test_unknown_engine_option_is_an_error():
         LLMEngine("test-tiny", max_num_seq=3)
 
 
-@pytest.mark.parametrize("options, message", [
-    (dict(policy="fifo"), "unknown policy 'fifo'; known: .*sarathi"),
-    (dict(policy="priority", policy_options={"aging": 1.0}), "takes no option.*aging_s"),
-    (dict(policy="sarathi", policy_options={"chunk_size": 0}), "chunk_size must be >= 1"),
-    (dict(preemption_mode="swapp"), "preemption_mode must be 'recompute' or 'swap'"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(policy="fifo"), "unknown policy 'fifo'; known: .*sarathi"),
+        (dict(policy="priority", policy_options={"aging": 1.0}), "takes no option.*aging_s"),
+        (dict(policy="sarathi", policy_options={"chunk_size": 0}), "chunk_size must be >= 1"),
+        (dict(preemption_mode="swapp"), "preemption_mode must be 'recompute' or 'swap'"),
+    ],
+)
 def test_bad_scheduling_options_fail_before_any_compile(options, message, monkeypatch):
     import cbjax.engine
 

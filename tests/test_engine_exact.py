@@ -1,9 +1,10 @@
 """Token-exactness of the engine against the full-sequence greedy oracle, under every batch mix we make."""
+
 import pytest
 
 from cbjax import LLM, LLMEngine
 from cbjax.model import get_model_config, init_model
-from helpers import greedy_reference, random_workload
+from tests.helpers import greedy_reference, random_workload
 
 MAX_MODEL_LEN = 368  # prompts up to 300 + outputs up to 64, and a little slack
 OPTS = dict(max_num_seqs=8, max_num_batched_tokens=64, page_size=16, max_model_len=MAX_MODEL_LEN)

@@ -1,7 +1,9 @@
 """The packaged default model: `LLM()` loads it offline and writes text; the streaming CLI; the package files."""
+
 import io
 import json
 import os
+import pathlib
 import socket
 import subprocess
 import sys
@@ -70,8 +72,11 @@ def test_cli_streams_token_by_token_what_the_engine_generates(llm):
             return super().write(s)
 
     out, err = Recorder(), io.StringIO()
-    text = generate(parse_args(["--prompt", "def fibonacci(n):", "--max_tokens", "16", "--temperature", "0",
-                                "--ignore_eos"]), out=out, err=err)
+    text = generate(
+        parse_args(["--prompt", "def fibonacci(n):", "--max_tokens", "16", "--temperature", "0", "--ignore_eos"]),
+        out=out,
+        err=err,
+    )
     want = llm.generate("def fibonacci(n):", SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))[0]
     assert text == want.outputs[0].text
     assert out.getvalue() == "def fibonacci(n):" + text + "\n"
@@ -81,10 +86,24 @@ def test_cli_streams_token_by_token_what_the_engine_generates(llm):
 
 def test_cli_runs_as_a_module_with_sampling_flags():
     env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", PYTHONPATH=ROOT)
-    args = ["--prompt", "class Stack:", "--max_tokens", "8", "--temperature", "0.8", "--top_p", "0.9",
-            "--top_k", "50", "--seed", "3", "--ignore_eos"]
-    r = subprocess.run([sys.executable, "-m", "cbjax.generate", *args], capture_output=True, text=True, env=env,
-                       timeout=120)
+    args = [
+        "--prompt",
+        "class Stack:",
+        "--max_tokens",
+        "8",
+        "--temperature",
+        "0.8",
+        "--top_p",
+        "0.9",
+        "--top_k",
+        "50",
+        "--seed",
+        "3",
+        "--ignore_eos",
+    ]
+    r = subprocess.run(
+        [sys.executable, "-m", "cbjax.generate", *args], capture_output=True, text=True, env=env, timeout=120
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("class Stack:") and len(r.stdout) > len("class Stack:\n")
     assert "8 tokens" in r.stderr
@@ -93,8 +112,9 @@ def test_cli_runs_as_a_module_with_sampling_flags():
 def test_packaged_models_are_complete_small_bf16_llamas_in_package_data():
     assert {DEFAULT_MODEL, DRAFT_MODEL} <= set(packaged_models())
     total = 0
-    patterns = tomllib.load(open(os.path.join(ROOT, "pyproject.toml"), "rb"))["tool"]["setuptools"][
-        "package-data"]["cbjax"]
+    patterns = tomllib.loads(pathlib.Path(ROOT, "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"][
+        "cbjax"
+    ]
     for name in (DEFAULT_MODEL, DRAFT_MODEL):
         d = os.path.join(ASSETS_DIR, name)
         files = sorted(os.listdir(d))
@@ -102,10 +122,11 @@ def test_packaged_models_are_complete_small_bf16_llamas_in_package_data():
         for f in files:  # a non-editable install ships every file
             assert any(fnmatch(f"assets/{name}/{f}", p) for p in patterns), f
             total += os.path.getsize(os.path.join(d, f))
-        assert json.load(open(os.path.join(d, "config.json")))["architectures"] == ["LlamaForCausalLM"]
+        assert json.loads(pathlib.Path(d, "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
         with safe_open(os.path.join(d, "model.safetensors"), framework="np") as st:
-            assert {st.get_slice(k).get_dtype() for k in st.keys()} == {"BF16"}
+            names = st.keys()  # safe_open has keys() but is not iterable
+            assert {st.get_slice(k).get_dtype() for k in names} == {"BF16"}
     assert total < 20 * 2**20
     # Speculative decoding needs the draft to share the main model's vocabulary.
-    same = [open(os.path.join(ASSETS_DIR, n, "tokenizer.json")).read() for n in (DEFAULT_MODEL, DRAFT_MODEL)]
+    same = [pathlib.Path(ASSETS_DIR, n, "tokenizer.json").read_text() for n in (DEFAULT_MODEL, DRAFT_MODEL)]
     assert same[0] == same[1]

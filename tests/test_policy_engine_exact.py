@@ -2,18 +2,25 @@
 to force preemption: greedy tokens equal the full-forward reference, nothing leaks, nothing compiles after warmup.
 (The same invariants over thousands of random small cases, without a model: tests/core/test_policy_invariants.py.)
 """
+
 import numpy as np
 import pytest
 
 from cbjax import LLM, LLMEngine, SamplingParams
 from cbjax.core.policies import POLICIES
 from cbjax.model import get_model_config, init_model
-from helpers import greedy_reference
+from tests.helpers import greedy_reference
 
 MAX_MODEL_LEN = 176
 # All engines share these shapes, so the step programs compile once for the whole module.
-OPTS = dict(max_num_seqs=6, max_num_batched_tokens=64, page_size=16, max_model_len=MAX_MODEL_LEN, num_pages=16,
-            watermark_fraction=0.0)
+OPTS = dict(
+    max_num_seqs=6,
+    max_num_batched_tokens=64,
+    page_size=16,
+    max_model_len=MAX_MODEL_LEN,
+    num_pages=16,
+    watermark_fraction=0.0,
+)
 
 
 @pytest.fixture(scope="module")
@@ -31,10 +38,16 @@ def workload(model):
     for i in range(16):
         suffix = rng.integers(3, V, int(rng.integers(1, 60))).tolist()
         prompt = prefixes[i % 2] + suffix if i % 2 == 0 or i < 8 else suffix + suffix[:20]
-        reqs.append(dict(prompt=prompt, max_tokens=int(rng.integers(1, 33)), priority=int(rng.integers(0, 3)),
-                         tenant="abc"[i % 3], deadline=float(rng.uniform(0.0, 2.0))))
-    ref = greedy_reference(model, [r["prompt"] for r in reqs], [r["max_tokens"] for r in reqs],
-                           width=MAX_MODEL_LEN)
+        reqs.append(
+            dict(
+                prompt=prompt,
+                max_tokens=int(rng.integers(1, 33)),
+                priority=int(rng.integers(0, 3)),
+                tenant="abc"[i % 3],
+                deadline=float(rng.uniform(0.0, 2.0)),
+            )
+        )
+    ref = greedy_reference(model, [r["prompt"] for r in reqs], [r["max_tokens"] for r in reqs], width=MAX_MODEL_LEN)
     return reqs, ref
 
 
@@ -42,8 +55,14 @@ def workload(model):
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_every_policy_is_token_exact_under_preemption(model, workload, policy, mode):
     reqs, ref = workload
-    engine = LLMEngine(model, policy=policy, preemption_mode=mode, num_host_pages=64 if mode == "swap" else None,
-                       enable_prefix_caching=True, **OPTS)
+    engine = LLMEngine(
+        model,
+        policy=policy,
+        preemption_mode=mode,
+        num_host_pages=64 if mode == "swap" else None,
+        enable_prefix_caching=True,
+        **OPTS,
+    )
     compiles = engine.num_compiles
     got = {}
 
@@ -54,15 +73,23 @@ def test_every_policy_is_token_exact_under_preemption(model, workload, policy, m
 
     for i, r in enumerate(reqs):
         # Staggered arrivals: later requests join a running batch and outrank running ones in some policies.
-        engine.add_request(str(i), r["prompt"], SamplingParams(max_tokens=r["max_tokens"], temperature=0.0, ignore_eos=True),
-                           priority=r["priority"], tenant=r["tenant"], deadline=r["deadline"])
+        engine.add_request(
+            str(i),
+            r["prompt"],
+            SamplingParams(max_tokens=r["max_tokens"], temperature=0.0, ignore_eos=True),
+            priority=r["priority"],
+            tenant=r["tenant"],
+            deadline=r["deadline"],
+        )
         if i % 4 == 3:
             collect(engine.step())
     while engine.has_unfinished_requests():
         collect(engine.step())
     mismatches = [i for i in range(len(reqs)) if got.get(i) != ref[i]]
-    assert not mismatches, (f"{policy}/{mode}: requests {mismatches} differ from the full-forward reference: "
-                            f"{[(got.get(i), ref[i]) for i in mismatches[:2]]}")
+    assert not mismatches, (
+        f"{policy}/{mode}: requests {mismatches} differ from the full-forward reference: "
+        f"{[(got.get(i), ref[i]) for i in mismatches[:2]]}"
+    )
     assert engine.num_compiles == compiles, "compiled after warmup"
     sched = engine.scheduler
     assert sched.pool.num_free == sched.pool.num_pages, "page leak"
@@ -82,8 +109,15 @@ def test_every_policy_is_token_exact_under_preemption(model, workload, policy, m
 def test_llm_facade_takes_any_policy_and_its_options(model):
     prompts = [[5, 6, 7] * 20, [9, 8] * 30, [11] * 40]
     ref = greedy_reference(model, prompts, [12] * 3, width=MAX_MODEL_LEN)
-    llm = LLM(model, policy="mlfq", policy_options={"quantum": 8, "victim": "longest_running"},
-              preemption_mode="swap", num_host_pages=8, enable_prefix_caching=True, **OPTS)
+    llm = LLM(
+        model,
+        policy="mlfq",
+        policy_options={"quantum": 8, "victim": "longest_running"},
+        preemption_mode="swap",
+        num_host_pages=8,
+        enable_prefix_caching=True,
+        **OPTS,
+    )
     outs = llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
     assert [o.outputs[0].token_ids for o in outs] == ref
     assert llm.engine.scheduler.policy.quantum == 8 and llm.engine.scheduler.policy.victim == "longest_running"

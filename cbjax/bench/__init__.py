@@ -1,15 +1,15 @@
 """The experiment room: everything that measures an engine rather than serving with it. Pure Python + numpy.
 
-  requests.py     WorkloadRequest, length classes, default vocabulary bounds, seeded random streams
-  lengths.py      LengthSpec: fixed / uniform / lognormal token counts
-  arrivals.py     arrival processes (offline, Poisson, gamma, trace replay)
-  generators.py   synthetic, the chat/RAG/code mix, shared system prompts
-  trace_files.py  loaders and writers: JSONL traces, ShareGPT, the peers' JSON
-  workload.py     make_workload(cfg): the entry point experiments use
-  fields.py       reading and checking config fields
-  online.py       the online loop: requests join a running engine as the clock reaches them
-  metrics.py      vLLM's serving metrics (TTFT, TPOT, ITL, E2E, goodput) and per-step engine metrics
-  results.py      the results folder: config, manifest, summaries, records
-  plots.py        throughput, latency CDFs, utilisation (matplotlib, imported on use)
-  config_files.py loading sibling ml_collections config files
+requests.py     WorkloadRequest, length classes, default vocabulary bounds, seeded random streams
+lengths.py      LengthSpec: fixed / uniform / lognormal token counts
+arrivals.py     arrival processes (offline, Poisson, gamma, trace replay)
+generators.py   synthetic, the chat/RAG/code mix, shared system prompts
+trace_files.py  loaders and writers: JSONL traces, ShareGPT, the peers' JSON
+workload.py     make_workload(cfg): the entry point experiments use
+fields.py       reading and checking config fields
+online.py       the online loop: requests join a running engine as the clock reaches them
+metrics.py      vLLM's serving metrics (TTFT, TPOT, ITL, E2E, goodput) and per-step engine metrics
+results.py      the results folder: config, manifest, summaries, records
+plots.py        throughput, latency CDFs, utilisation (matplotlib, imported on use)
+config_files.py loading sibling ml_collections config files
 """

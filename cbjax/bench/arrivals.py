@@ -54,4 +54,3 @@ def arrival_times(
         raise ValueError("a numpy Generator (rng) is required for random arrivals")
     gaps = rng.gamma(shape, 1.0 / (rate * shape), size=max(n - 1, 0))
     return np.concatenate([[0.0], np.cumsum(gaps)])[:n]
-

@@ -1,5 +1,6 @@
 """Experiment config files are loaded by path (ml_collections' --config=FILE), not imported as a package; a
 config that extends another loads its sibling file by path too, through this one helper."""
+
 import importlib.util
 import os
 

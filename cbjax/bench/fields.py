@@ -30,7 +30,7 @@ def get_field(cfg: Any, name: str, default: Any = None) -> Any:
 
 def field_names(cfg: Any) -> list[str] | None:
     if isinstance(cfg, Mapping) or callable(getattr(cfg, "keys", None)):
-        return [str(k) for k in cfg.keys()]
+        return list(map(str, cfg.keys()))
     if hasattr(cfg, "__dict__"):
         return [k for k in vars(cfg) if not k.startswith("_")]
     return None
@@ -49,9 +49,8 @@ def check_fields(cfg: Any, allowed: Iterable[str], where: str) -> None:
 def as_int(value: Any, field: str, *, minimum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{field} must be an integer, got {value!r}")
-    if not isinstance(value, numbers.Integral):
-        if not math.isfinite(value) or value != int(value):
-            raise ValueError(f"{field} must be an integer, got {value!r}")
+    if not isinstance(value, numbers.Integral) and (not math.isfinite(value) or value != int(value)):
+        raise ValueError(f"{field} must be an integer, got {value!r}")
     value = int(value)
     if minimum is not None and value < minimum:
         raise ValueError(f"{field} must be >= {minimum}, got {value}")
@@ -73,4 +72,3 @@ def as_choice(value: Any, field: str, choices: Sequence[str]) -> str:
     if value not in choices:
         raise ValueError(f"{field} must be one of {list(choices)}, got {value!r}")
     return value
-

@@ -41,8 +41,13 @@ def synthetic_workload(
     o = output_len.sample(rng_for(seed, Stream.OUTPUT), num_requests)
     tok = rng_for(seed, Stream.TOKENS)
     return [
-        WorkloadRequest(f"req-{i}", 0.0, random_token_ids(tok, p[i], vocab_size, low_id), int(o[i]),
-                        length_class=length_class_of(int(p[i]), int(o[i]), long_threshold))
+        WorkloadRequest(
+            f"req-{i}",
+            0.0,
+            random_token_ids(tok, p[i], vocab_size, low_id),
+            int(o[i]),
+            length_class=length_class_of(int(p[i]), int(o[i]), long_threshold),
+        )
         for i in range(num_requests)
     ]
 
@@ -67,9 +72,15 @@ def _ln(median: float, sigma: float, lo: int, hi: int, field: str) -> LengthSpec
 # RAG stresses prefill (long prompts that block or get chunked); code stresses decode slots and KV pages
 # (long outputs that hold memory for a long time); chat is the latency-sensitive majority caught behind both.
 MIXED_PRESET: tuple[MixComponent, ...] = (
-    MixComponent("chat", 0.60, _ln(256, 0.6, 16, 1024, "chat.prompt_len"), _ln(128, 0.6, 8, 512, "chat.output_len"), "short"),
-    MixComponent("rag", 0.25, _ln(2048, 0.35, 768, 4096, "rag.prompt_len"), _ln(128, 0.5, 16, 512, "rag.output_len"), "long"),
-    MixComponent("code", 0.15, _ln(512, 0.5, 64, 2048, "code.prompt_len"), _ln(1024, 0.4, 256, 2048, "code.output_len"), "long"),
+    MixComponent(
+        "chat", 0.60, _ln(256, 0.6, 16, 1024, "chat.prompt_len"), _ln(128, 0.6, 8, 512, "chat.output_len"), "short"
+    ),
+    MixComponent(
+        "rag", 0.25, _ln(2048, 0.35, 768, 4096, "rag.prompt_len"), _ln(128, 0.5, 16, 512, "rag.output_len"), "long"
+    ),
+    MixComponent(
+        "code", 0.15, _ln(512, 0.5, 64, 2048, "code.prompt_len"), _ln(1024, 0.4, 256, 2048, "code.output_len"), "long"
+    ),
 )
 
 
@@ -77,7 +88,7 @@ def _exact_counts(n: int, fractions: Sequence[float]) -> list[int]:
     """Split n by fractions with the largest-remainder rule, so a small workload still has the right mix."""
     total = float(sum(fractions))
     raw = [n * f / total for f in fractions]
-    counts = [int(math.floor(r)) for r in raw]
+    counts = [math.floor(r) for r in raw]
     order = sorted(range(len(raw)), key=lambda i: (counts[i] - raw[i], i))
     for i in order[: n - sum(counts)]:
         counts[i] += 1
@@ -113,10 +124,16 @@ def mixed_workload(
     out = []
     for i in range(num_requests):
         comp = components[which[i]]
-        out.append(WorkloadRequest(
-            f"req-{i}", 0.0, random_token_ids(tok, plens[i], vocab_size, low_id), int(olens[i]),
-            tenant=comp.name, length_class=comp.length_class,
-        ))
+        out.append(
+            WorkloadRequest(
+                f"req-{i}",
+                0.0,
+                random_token_ids(tok, plens[i], vocab_size, low_id),
+                int(olens[i]),
+                tenant=comp.name,
+                length_class=comp.length_class,
+            )
+        )
     return out
 
 
@@ -150,7 +167,14 @@ def shared_prefix_workload(
         g = int(group[i])
         ids = prefixes[g] + random_token_ids(tok, slens[i], vocab_size, low_id)
         tenant = f"prefix-{g}" if tenant_per_prefix else "default"
-        out.append(WorkloadRequest(f"req-{i}", 0.0, ids, int(olens[i]), tenant=tenant,
-                                   length_class=length_class_of(len(ids), int(olens[i]), long_threshold)))
+        out.append(
+            WorkloadRequest(
+                f"req-{i}",
+                0.0,
+                ids,
+                int(olens[i]),
+                tenant=tenant,
+                length_class=length_class_of(len(ids), int(olens[i]), long_threshold),
+            )
+        )
     return out
-

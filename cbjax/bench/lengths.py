@@ -85,14 +85,20 @@ class LengthSpec:
             return self
 
         def s(x):
-            return None if x is None else max(1, int(round(x * scale)))
+            return None if x is None else max(1, round(x * scale))
 
         def sf(x):
             return None if x is None else x * scale
 
         return dataclasses.replace(
-            self, value=s(self.value), low=s(self.low), high=s(self.high), median=sf(self.median),
-            mean=sf(self.mean), min=s(self.min), max=s(self.max),
+            self,
+            value=s(self.value),
+            low=s(self.low),
+            high=s(self.high),
+            median=sf(self.median),
+            mean=sf(self.mean),
+            min=s(self.min),
+            max=s(self.max),
         )
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
@@ -107,4 +113,3 @@ class LengthSpec:
         lo = int(self.min) if self.min is not None else 1
         hi = int(self.max) if self.max is not None else np.iinfo(np.int64).max
         return np.clip(x, lo, hi).astype(np.int64)
-

@@ -34,7 +34,7 @@ import numpy as np
 
 from cbjax.bench.requests import LENGTH_CLASSES
 
-__all__ = ["RequestRecord", "StepRecord", "percentiles", "request_latencies", "summarize", "step_summary", "SLO_KEYS"]
+__all__ = ["SLO_KEYS", "RequestRecord", "StepRecord", "percentiles", "request_latencies", "step_summary", "summarize"]
 
 FINISH_REASONS = ("stop", "length", "abort", None)
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
@@ -65,7 +65,9 @@ class RequestRecord:
     def __post_init__(self) -> None:
         where = f"RequestRecord {self.request_id!r}"
         if self.finish_reason not in FINISH_REASONS:
-            raise ValueError(f"{where}: finish_reason must be one of {list(FINISH_REASONS)}, got {self.finish_reason!r}")
+            raise ValueError(
+                f"{where}: finish_reason must be one of {list(FINISH_REASONS)}, got {self.finish_reason!r}"
+            )
         if self.length_class not in LENGTH_CLASSES:
             raise ValueError(f"{where}: length_class must be one of {list(LENGTH_CLASSES)}, got {self.length_class!r}")
         if self.prompt_len < 0 or self.output_len < 0:
@@ -197,9 +199,7 @@ def _is_good(r: RequestRecord, slo_s: Mapping[str, float]) -> bool:
         tpot = _tpot(r)
         if tpot is not None and tpot > slo_s["tpot_ms"]:  # one-token requests pass, as vLLM's TPOT of 0
             return False
-    if "e2e_ms" in slo_s and r.finished_time - r.arrival_time > slo_s["e2e_ms"]:
-        return False
-    return True
+    return not ("e2e_ms" in slo_s and r.finished_time - r.arrival_time > slo_s["e2e_ms"])
 
 
 def step_summary(steps: Sequence[StepRecord]) -> dict[str, float]:
@@ -241,13 +241,15 @@ def step_summary(steps: Sequence[StepRecord]) -> dict[str, float]:
         "compiles_after_first_step": int(steps[-1].compiles - steps[0].compiles) if n else 0,
         **{k: int(sum(getattr(s, k) for s in steps)) for k in _STEP_COUNTS},
         "swap_s": float(sum(s.swap_s for s in steps)),
-        "prefix_cache_hit_rate": (sum(s.prefix_hit_tokens for s in steps) / queried
-                                  if (queried := sum(s.prefix_queried_tokens for s in steps)) else NAN),
+        "prefix_cache_hit_rate": (
+            sum(s.prefix_hit_tokens for s in steps) / queried
+            if (queried := sum(s.prefix_queried_tokens for s in steps))
+            else NAN
+        ),
     }
 
 
-_STEP_COUNTS = ("swap_out_bytes", "swap_in_bytes", "recomputed_tokens", "prefix_queried_tokens",
-                "prefix_hit_tokens")
+_STEP_COUNTS = ("swap_out_bytes", "swap_in_bytes", "recomputed_tokens", "prefix_queried_tokens", "prefix_hit_tokens")
 
 
 def summarize(

@@ -20,6 +20,7 @@ sampled tokens, so a token's time is the end of the step that produced it, as on
 Ctrl-C (KeyboardInterrupt) ends the run cleanly: requests that had arrived but not finished are aborted and the
 records measured so far are returned, with `interrupted=True`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,16 +30,16 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cbjax.core.clock import VirtualClock
-from cbjax.core.policies import POLICIES
-from cbjax.core.outputs import RequestOutput
-from cbjax.core.sampling_params import SamplingParams
 from cbjax.bench.metrics import RequestRecord, StepRecord
 from cbjax.bench.requests import WorkloadRequest
+from cbjax.core.clock import VirtualClock
+from cbjax.core.outputs import RequestOutput
+from cbjax.core.policies import POLICIES
+from cbjax.core.sampling_params import SamplingParams
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["ClientBatching", "PolicyPlan", "POLICY_NAMES", "plan_policy", "OnlineResult", "Progress", "run_online"]
+__all__ = ["POLICY_NAMES", "ClientBatching", "OnlineResult", "PolicyPlan", "Progress", "plan_policy", "run_online"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,8 +69,14 @@ class PolicyPlan:
 POLICY_NAMES = (*POLICIES, "time_window")
 
 
-def plan_policy(name: str, *, static_batch_timeout_s: float = 0.0, window_ms: float = 0.0,
-                max_batch: int = 1, policy_options: dict | None = None) -> PolicyPlan:
+def plan_policy(
+    name: str,
+    *,
+    static_batch_timeout_s: float = 0.0,
+    window_ms: float = 0.0,
+    max_batch: int = 1,
+    policy_options: dict | None = None,
+) -> PolicyPlan:
     """The one table from a policy-list entry to (engine options, client behaviour).
 
     static:      server-side static batching: the engine starts a batch when max_num_seqs requests wait or the
@@ -80,8 +87,11 @@ def plan_policy(name: str, *, static_batch_timeout_s: float = 0.0, window_ms: fl
                  that policy with `policy_options`.
     """
     if name == "time_window":
-        return PolicyPlan(name, dict(policy="static", static_batch_timeout_s=0.0),
-                          ClientBatching(float(window_ms) / 1e3, int(max_batch)))
+        return PolicyPlan(
+            name,
+            dict(policy="static", static_batch_timeout_s=0.0),
+            ClientBatching(float(window_ms) / 1e3, int(max_batch)),
+        )
     if name == "static":
         return PolicyPlan(name, dict(policy="static", static_batch_timeout_s=float(static_batch_timeout_s)))
     if name not in POLICIES:
@@ -123,9 +133,15 @@ def _params(req: WorkloadRequest) -> SamplingParams:
 class _OnlineRun:
     """The state of one run_online call: what is yet to arrive, held by the client, in the engine, finished."""
 
-    def __init__(self, engine, workload: Sequence[WorkloadRequest], client: ClientBatching | None,
-                 step_cost_s: float | None, on_step: Callable[[Progress], None] | None,
-                 horizon_s: float | None = None):
+    def __init__(
+        self,
+        engine,
+        workload: Sequence[WorkloadRequest],
+        client: ClientBatching | None,
+        step_cost_s: float | None,
+        on_step: Callable[[Progress], None] | None,
+        horizon_s: float | None = None,
+    ):
         self.engine = engine
         self.clock = engine.clock
         self.virtual = isinstance(self.clock, VirtualClock)
@@ -154,8 +170,9 @@ class _OnlineRun:
     # ---- time ---------------------------------------------------------------------------------------------------
     def advance_virtual_clock(self) -> None:
         """The engine's `after_execute` hook on a virtual clock: the model ran, the tokens are not stamped yet."""
-        self.clock.advance(self.step_cost_s if self.step_cost_s is not None
-                           else time.perf_counter() - self.step_started)
+        self.clock.advance(
+            self.step_cost_s if self.step_cost_s is not None else time.perf_counter() - self.step_started
+        )
 
     def now(self) -> float:
         """Seconds since the start of the run."""
@@ -193,8 +210,8 @@ class _OnlineRun:
             else:
                 self.held.append(req)
                 if len(self.held) >= self.client.max_batch:
-                    self.submit(self.held[:self.client.max_batch])
-                    del self.held[:self.client.max_batch]
+                    self.submit(self.held[: self.client.max_batch])
+                    del self.held[: self.client.max_batch]
         if self.held and now >= self.held[0].arrival_time + self.client.window_s:
             self.submit(self.held)
             self.held = []
@@ -204,10 +221,15 @@ class _OnlineRun:
             try:
                 # The nominal arrival time: a request that arrived during a step waited in the server's queue,
                 # and one held by the client batcher waited at the client; both waits count in its TTFT.
-                self.engine.add_request(r.request_id, list(r.prompt_token_ids), _params(r),
-                                        arrival_time=self.t0 + r.arrival_time, priority=r.priority,
-                                        tenant=r.tenant,
-                                        deadline=None if r.deadline is None else self.t0 + r.deadline)
+                self.engine.add_request(
+                    r.request_id,
+                    list(r.prompt_token_ids),
+                    _params(r),
+                    arrival_time=self.t0 + r.arrival_time,
+                    priority=r.priority,
+                    tenant=r.tenant,
+                    deadline=None if r.deadline is None else self.t0 + r.deadline,
+                )
                 self.submitted[r.request_id] = None
             except ValueError:
                 # The engine says why (too long for the pool, ...); the record counts it as aborted, as vLLM does.
@@ -227,8 +249,11 @@ class _OnlineRun:
         if ran:
             self.num_steps += 1
             if self.on_step is not None:
-                self.on_step(Progress(self.num_steps, len(self.submitted) + len(self.refused),
-                                      len(self.finished) + len(self.refused)))
+                self.on_step(
+                    Progress(
+                        self.num_steps, len(self.submitted) + len(self.refused), len(self.finished) + len(self.refused)
+                    )
+                )
         return ran or bool(outputs)
 
     def loop(self) -> None:
@@ -271,15 +296,32 @@ class _OnlineRun:
             records.append(self._record(self.by_id[rid], out))
         for rid, end in self.refused.items():
             r = self.by_id[rid]
-            records.append(RequestRecord(rid, r.prompt_len, 0, r.arrival_time, finished_time=end,
-                                         finish_reason="abort", length_class=r.length_class, tenant=r.tenant))
+            records.append(
+                RequestRecord(
+                    rid,
+                    r.prompt_len,
+                    0,
+                    r.arrival_time,
+                    finished_time=end,
+                    finish_reason="abort",
+                    length_class=r.length_class,
+                    tenant=r.tenant,
+                )
+            )
         records.sort(key=lambda rec: (rec.arrival_time, rec.request_id))
         return records
 
     def _record(self, req: WorkloadRequest, out: RequestOutput | None) -> RequestRecord:
         if out is None:  # submitted, never produced an output before an interrupt that also broke the abort
-            return RequestRecord(req.request_id, req.prompt_len, 0, req.arrival_time, finish_reason="abort",
-                                 length_class=req.length_class, tenant=req.tenant)
+            return RequestRecord(
+                req.request_id,
+                req.prompt_len,
+                0,
+                req.arrival_time,
+                finish_reason="abort",
+                length_class=req.length_class,
+                tenant=req.tenant,
+            )
         m = out.metrics
         comp = out.outputs[0]
         reason = comp.finish_reason if out.finished else "abort"
@@ -292,15 +334,30 @@ class _OnlineRun:
             return None if t is None else t - self.t0
 
         return RequestRecord(
-            req.request_id, req.prompt_len, n, m.arrival_time - self.t0,
-            first_scheduled_time=rel(m.first_scheduled_time), first_token_time=rel(m.first_token_time),
-            token_times=token_times, finished_time=rel(m.finished_time), finish_reason=reason,
-            length_class=req.length_class, tenant=req.tenant, num_preemptions=m.num_preemptions)
+            req.request_id,
+            req.prompt_len,
+            n,
+            m.arrival_time - self.t0,
+            first_scheduled_time=rel(m.first_scheduled_time),
+            first_token_time=rel(m.first_token_time),
+            token_times=token_times,
+            finished_time=rel(m.finished_time),
+            finish_reason=reason,
+            length_class=req.length_class,
+            tenant=req.tenant,
+            num_preemptions=m.num_preemptions,
+        )
 
 
-def run_online(engine, workload: Sequence[WorkloadRequest], *, client: ClientBatching | None = None,
-               step_cost_s: float | None = None, on_step: Callable[[Progress], None] | None = None,
-               horizon_s: float | None = None) -> OnlineResult:
+def run_online(
+    engine,
+    workload: Sequence[WorkloadRequest],
+    *,
+    client: ClientBatching | None = None,
+    step_cost_s: float | None = None,
+    on_step: Callable[[Progress], None] | None = None,
+    horizon_s: float | None = None,
+) -> OnlineResult:
     """Replay `workload` against `engine` by arrival time; returns the measured records.
 
     `engine` is an LLMEngine (warmed up, so compiles stay out of the timings) on a real or virtual clock.
@@ -327,7 +384,16 @@ def run_online(engine, workload: Sequence[WorkloadRequest], *, client: ClientBat
     finally:
         engine.after_execute = None
     steps = [StepRecord(**{**s, "time": s["time"] - run.t0}) for s in engine.step_records[first_step:]]
-    outputs = {rid: list(out.outputs[0].token_ids) for rid, out in run.finished.items()
-               if out.outputs[0].finish_reason in ("stop", "length")}
-    return OnlineResult(run.request_records(), steps, interrupted,
-                        len(run.pending) if interrupted or cut else 0, time.perf_counter() - wall0, outputs)
+    outputs = {
+        rid: list(out.outputs[0].token_ids)
+        for rid, out in run.finished.items()
+        if out.outputs[0].finish_reason in ("stop", "length")
+    }
+    return OnlineResult(
+        run.request_records(),
+        steps,
+        interrupted,
+        len(run.pending) if interrupted or cut else 0,
+        time.perf_counter() - wall0,
+        outputs,
+    )

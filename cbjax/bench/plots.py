@@ -6,6 +6,7 @@
 
 Inputs are what the online loop returns (`{policy: OnlineResult}`) and the summaries (`{policy: summary dict}`).
 """
+
 from __future__ import annotations
 
 import os
@@ -16,7 +17,7 @@ import numpy as np
 
 from cbjax.bench.metrics import request_latencies
 
-__all__ = ["plot_throughput", "plot_latency_cdfs", "plot_utilisation", "plot_all"]
+__all__ = ["plot_all", "plot_latency_cdfs", "plot_throughput", "plot_utilisation"]
 
 
 def _pyplot():
@@ -37,8 +38,10 @@ def plot_throughput(path: str, summaries: Mapping[str, Mapping[str, Any]]) -> st
     plt = _pyplot()
     policies = list(summaries)
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
-    for ax, key, label in ((axes[0], "output_throughput", "output tokens/s"),
-                           (axes[1], "request_throughput", "requests/s")):
+    for ax, key, label in (
+        (axes[0], "output_throughput", "output tokens/s"),
+        (axes[1], "request_throughput", "requests/s"),
+    ):
         values = [_finite(summaries[p].get(key)) for p in policies]
         bars = ax.bar(policies, values, color=[f"C{i}" for i in range(len(policies))])
         ax.bar_label(bars, fmt="%.1f")
@@ -85,10 +88,12 @@ def plot_utilisation(path: str, results: Mapping[str, Any]) -> str:
         if not steps:
             continue
         t = [s.time for s in steps]
-        axes[0].plot(t, [s.num_scheduled_seqs / s.max_num_seqs if s.max_num_seqs else 0 for s in steps],
-                     label=policy, lw=0.8)
-        axes[1].plot(t, [s.kv_pages_used / s.kv_pages_total if s.kv_pages_total else 0 for s in steps],
-                     label=policy, lw=0.8)
+        axes[0].plot(
+            t, [s.num_scheduled_seqs / s.max_num_seqs if s.max_num_seqs else 0 for s in steps], label=policy, lw=0.8
+        )
+        axes[1].plot(
+            t, [s.kv_pages_used / s.kv_pages_total if s.kv_pages_total else 0 for s in steps], label=policy, lw=0.8
+        )
     axes[0].set_ylabel("slot occupancy")
     axes[1].set_ylabel("KV pages used")
     axes[1].set_xlabel("time since the first arrival (s)")
@@ -105,6 +110,8 @@ def plot_utilisation(path: str, results: Mapping[str, Any]) -> str:
 
 def plot_all(folder: str, summaries: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any]) -> list[str]:
     """Every plot of the comparison into `folder`; returns the paths written."""
-    return [plot_throughput(os.path.join(folder, "throughput.png"), summaries),
-            plot_latency_cdfs(os.path.join(folder, "latency_cdf.png"), results),
-            plot_utilisation(os.path.join(folder, "utilisation.png"), results)]
+    return [
+        plot_throughput(os.path.join(folder, "throughput.png"), summaries),
+        plot_latency_cdfs(os.path.join(folder, "latency_cdf.png"), results),
+        plot_utilisation(os.path.join(folder, "utilisation.png"), results),
+    ]

@@ -60,13 +60,14 @@ class WorkloadRequest:
         return len(self.prompt_token_ids)
 
 
-
 def length_class_of(prompt_len: int, max_tokens: int, long_threshold: int = DEFAULT_LONG_THRESHOLD) -> str:
-    """"long" when prompt_len + max_tokens > long_threshold, else "short" (for requests without a preset class)."""
+    """ "long" when prompt_len + max_tokens > long_threshold, else "short" (for requests without a preset class)."""
     return "long" if prompt_len + max_tokens > long_threshold else "short"
 
 
-def random_token_ids(rng: np.random.Generator, length: int, vocab_size: int, low_id: int = DEFAULT_LOW_ID) -> tuple[int, ...]:
+def random_token_ids(
+    rng: np.random.Generator, length: int, vocab_size: int, low_id: int = DEFAULT_LOW_ID
+) -> tuple[int, ...]:
     """`length` ids uniform in [low_id, vocab_size), as a tuple of Python ints."""
     return tuple(rng.integers(low_id, vocab_size, size=int(length)).tolist())
 
@@ -77,4 +78,3 @@ def check_vocab(vocab_size: Any, low_id: Any) -> tuple[int, int]:
     if low_id >= vocab_size:
         raise ValueError(f"low_id must be < vocab_size, got low_id={low_id}, vocab_size={vocab_size}")
     return vocab_size, low_id
-

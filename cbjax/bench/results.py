@@ -10,6 +10,7 @@
 
 JSON has no NaN: a metric without samples (NaN in the summary) is written as null, and as an empty CSV cell.
 """
+
 from __future__ import annotations
 
 import csv
@@ -25,7 +26,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["run_dir", "write_json", "write_jsonl", "write_config", "manifest", "write_summary", "write_records"]
+__all__ = ["manifest", "run_dir", "write_config", "write_json", "write_jsonl", "write_records", "write_summary"]
 
 
 def run_dir(output_dir: str, run_name: str) -> str:
@@ -91,8 +92,13 @@ def _version(package: str) -> str | None:
         return None
 
 
-def manifest(*, start_time: datetime.datetime, engines: Mapping[str, Mapping[str, Any]],
-             argv: Sequence[str] | None = None, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def manifest(
+    *,
+    start_time: datetime.datetime,
+    engines: Mapping[str, Mapping[str, Any]],
+    argv: Sequence[str] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """Provenance of a run. `engines` maps each policy to what its engine reported (config, buckets, warmup)."""
     import jax
 
@@ -129,7 +135,11 @@ def write_summary(folder: str, summaries: Mapping[str, Mapping[str, Any]]) -> No
 
 def write_records(folder: str, results: Mapping[str, Any]) -> None:
     """requests.jsonl and steps.jsonl from {policy: OnlineResult}, each line tagged with its policy."""
-    write_jsonl(os.path.join(folder, "requests.jsonl"),
-                ({"policy": p, **dataclasses.asdict(r)} for p, res in results.items() for r in res.requests))
-    write_jsonl(os.path.join(folder, "steps.jsonl"),
-                ({"policy": p, **dataclasses.asdict(s)} for p, res in results.items() for s in res.steps))
+    write_jsonl(
+        os.path.join(folder, "requests.jsonl"),
+        ({"policy": p, **dataclasses.asdict(r)} for p, res in results.items() for r in res.requests),
+    )
+    write_jsonl(
+        os.path.join(folder, "steps.jsonl"),
+        ({"policy": p, **dataclasses.asdict(s)} for p, res in results.items() for s in res.steps),
+    )

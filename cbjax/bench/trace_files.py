@@ -1,6 +1,6 @@
 """Workload files: loading traces (JSONL with arrival times, ShareGPT, the peers' JSON) into `WorkloadRequest`s,
-and writing them back. Pure Python + numpy (no jax). `cbjax.bench.workload.make_workload` calls these for the file kinds;
-the formats and their validation rules are described on each loader.
+and writing them back. Pure Python + numpy (no jax). `cbjax.bench.workload.make_workload` calls these for the file
+kinds; the formats and their validation rules are described on each loader.
 
 Text without token ids becomes `tokenize(text)` when a tokenizer is given, else placeholder ids of the estimated
 length (`approx_num_tokens`), which is what a random-init model needs.
@@ -32,8 +32,15 @@ from cbjax.bench.requests import (
 
 CHARS_PER_TOKEN = 4  # approx_num_tokens: the usual ~4 characters per BPE token for English text
 
-__all__ = ["approx_num_tokens", "load_jsonl", "load_arrival_times", "load_sharegpt", "load_peers_json", "save_jsonl",
-           "save_peers_json"]
+__all__ = [
+    "approx_num_tokens",
+    "load_arrival_times",
+    "load_jsonl",
+    "load_peers_json",
+    "load_sharegpt",
+    "save_jsonl",
+    "save_peers_json",
+]
 
 
 def approx_num_tokens(text: str) -> int:
@@ -42,7 +49,9 @@ def approx_num_tokens(text: str) -> int:
     return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
 
 
-def _text_to_ids(text: str, tokenize: Tokenize | None, rng: np.random.Generator, vocab_size: int, low_id: int) -> tuple[int, ...]:
+def _text_to_ids(
+    text: str, tokenize: Tokenize | None, rng: np.random.Generator, vocab_size: int, low_id: int
+) -> tuple[int, ...]:
     if tokenize is not None:
         return tuple(int(t) for t in tokenize(text))
     return random_token_ids(rng, approx_num_tokens(text), vocab_size, low_id)
@@ -161,10 +170,19 @@ def load_jsonl(
         lclass = obj.get("length_class", length_class_of(len(ids), obj[okey], long_threshold))
         if lclass not in LENGTH_CLASSES:
             raise ValueError(f"{where}: 'length_class' must be one of {list(LENGTH_CLASSES)}, got {lclass!r}")
-        out.append(WorkloadRequest(
-            rid, arrival, ids, obj[okey], tenant=tenant, priority=priority,
-            deadline=None if deadline is None else float(deadline), length_class=lclass, prompt=text,
-        ))
+        out.append(
+            WorkloadRequest(
+                rid,
+                arrival,
+                ids,
+                obj[okey],
+                tenant=tenant,
+                priority=priority,
+                deadline=None if deadline is None else float(deadline),
+                length_class=lclass,
+                prompt=text,
+            )
+        )
     return out
 
 
@@ -188,7 +206,9 @@ def _load_json(path: str | os.PathLike) -> Any:
         try:
             return json.load(f)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{os.fspath(path)}: invalid JSON at line {e.lineno}, column {e.colno} ({e.msg})") from None
+            raise ValueError(
+                f"{os.fspath(path)}: invalid JSON at line {e.lineno}, column {e.colno} ({e.msg})"
+            ) from None
 
 
 def load_sharegpt(
@@ -221,7 +241,11 @@ def load_sharegpt(
             raise ValueError(f"{where}: expected an object with a 'conversations' list")
         human = reply = None
         for j, turn in enumerate(entry["conversations"]):
-            if not isinstance(turn, dict) or not isinstance(turn.get("from"), str) or not isinstance(turn.get("value"), str):
+            if (
+                not isinstance(turn, dict)
+                or not isinstance(turn.get("from"), str)
+                or not isinstance(turn.get("value"), str)
+            ):
                 raise ValueError(f"{where}: conversations[{j}] must be an object with string 'from' and 'value'")
             if human is None and turn["from"] == "human":
                 human = turn["value"]
@@ -232,8 +256,16 @@ def load_sharegpt(
             continue
         ids = _text_to_ids(human, tokenize, rng, vocab_size, low_id)
         olen = _text_len(reply, tokenize)
-        out.append(WorkloadRequest(f"sharegpt-{i}", 0.0, ids, olen, prompt=human,
-                                   length_class=length_class_of(len(ids), olen, long_threshold)))
+        out.append(
+            WorkloadRequest(
+                f"sharegpt-{i}",
+                0.0,
+                ids,
+                olen,
+                prompt=human,
+                length_class=length_class_of(len(ids), olen, long_threshold),
+            )
+        )
     return out
 
 

@@ -80,13 +80,31 @@ def clip_to_max_model_len(req: WorkloadRequest, max_model_len: int) -> WorkloadR
         return req
     if req.prompt_len < max_model_len:
         return dataclasses.replace(req, max_tokens=max_model_len - req.prompt_len)
-    return dataclasses.replace(req, prompt_token_ids=req.prompt_token_ids[: max_model_len - 1], max_tokens=1, prompt=None)
+    return dataclasses.replace(
+        req, prompt_token_ids=req.prompt_token_ids[: max_model_len - 1], max_tokens=1, prompt=None
+    )
 
 
 _CONFIG_FIELDS = (
-    "kind", "num_requests", "seed", "arrival", "request_rate", "burstiness", "vocab_size", "low_id",
-    "prompt_len", "output_len", "scale", "num_prefixes", "prefix_len", "tenant_per_prefix", "path",
-    "max_model_len", "long_threshold", "deadline_s", "tenant_priority",
+    "kind",
+    "num_requests",
+    "seed",
+    "arrival",
+    "request_rate",
+    "burstiness",
+    "vocab_size",
+    "low_id",
+    "prompt_len",
+    "output_len",
+    "scale",
+    "num_prefixes",
+    "prefix_len",
+    "tenant_per_prefix",
+    "path",
+    "max_model_len",
+    "long_threshold",
+    "deadline_s",
+    "tenant_priority",
 )
 _GENERATED = ("synthetic", "mixed", "shared_prefix")
 
@@ -107,7 +125,9 @@ def make_workload(cfg: Any, *, tokenize: Tokenize | None = None) -> list[Workloa
     n = get_field(cfg, "num_requests")
     n = None if n is None else as_int(n, "num_requests", minimum=1)
     arrival = as_choice(get_field(cfg, "arrival", "trace" if kind == "jsonl" else "offline"), "arrival", ARRIVALS)
-    vocab_size, low_id = check_vocab(get_field(cfg, "vocab_size", DEFAULT_VOCAB_SIZE), get_field(cfg, "low_id", DEFAULT_LOW_ID))
+    vocab_size, low_id = check_vocab(
+        get_field(cfg, "vocab_size", DEFAULT_VOCAB_SIZE), get_field(cfg, "low_id", DEFAULT_LOW_ID)
+    )
     scale = as_float(get_field(cfg, "scale", 1.0), "scale", positive=True)
     path = get_field(cfg, "path")
     max_model_len = get_field(cfg, "max_model_len")
@@ -126,7 +146,9 @@ def make_workload(cfg: Any, *, tokenize: Tokenize | None = None) -> list[Workloa
     if arrival == "trace" and kind in ("sharegpt", "peers_json"):
         raise ValueError(f"arrival='trace' is not available for kind={kind!r}: its file holds no arrival times")
     if (kind not in _GENERATED or arrival == "trace") and path is None:
-        raise ValueError(f"path is required for kind={kind!r}" + (" with arrival='trace'" if kind in _GENERATED else ""))
+        raise ValueError(
+            f"path is required for kind={kind!r}" + (" with arrival='trace'" if kind in _GENERATED else "")
+        )
     if kind not in _GENERATED and scale != 1.0:
         raise ValueError(f"scale applies to generated workloads only, not kind={kind!r}")
 
@@ -139,25 +161,41 @@ def make_workload(cfg: Any, *, tokenize: Tokenize | None = None) -> list[Workloa
             out_spec = _required_spec(cfg, "output_len", kind).scaled(scale)
             in_spec = _required_spec(cfg, "prompt_len", kind).scaled(scale)
             if kind == "synthetic":
-                reqs = synthetic_workload(n, in_spec, out_spec, seed=seed, vocab_size=vocab_size, low_id=low_id,
-                                          long_threshold=long_threshold)
+                reqs = synthetic_workload(
+                    n, in_spec, out_spec, seed=seed, vocab_size=vocab_size, low_id=low_id, long_threshold=long_threshold
+                )
             else:
                 prefix_len = get_field(cfg, "prefix_len")
                 if prefix_len is None:
                     raise ValueError("prefix_len is required for kind='shared_prefix'")
-                prefix_len = max(1, int(round(as_int(prefix_len, "prefix_len", minimum=1) * scale)))
+                prefix_len = max(1, round(as_int(prefix_len, "prefix_len", minimum=1) * scale))
                 reqs = shared_prefix_workload(
-                    n, num_prefixes=get_field(cfg, "num_prefixes", 4), prefix_len=prefix_len, suffix_len=in_spec,
-                    output_len=out_spec, seed=seed, vocab_size=vocab_size, low_id=low_id,
-                    tenant_per_prefix=bool(get_field(cfg, "tenant_per_prefix", False)), long_threshold=long_threshold,
+                    n,
+                    num_prefixes=get_field(cfg, "num_prefixes", 4),
+                    prefix_len=prefix_len,
+                    suffix_len=in_spec,
+                    output_len=out_spec,
+                    seed=seed,
+                    vocab_size=vocab_size,
+                    low_id=low_id,
+                    tenant_per_prefix=bool(get_field(cfg, "tenant_per_prefix", False)),
+                    long_threshold=long_threshold,
                 )
     else:
         if kind == "jsonl":
-            reqs = load_jsonl(path, tokenize=tokenize, vocab_size=vocab_size, low_id=low_id, seed=seed,
-                              require_arrival=arrival == "trace", long_threshold=long_threshold)
+            reqs = load_jsonl(
+                path,
+                tokenize=tokenize,
+                vocab_size=vocab_size,
+                low_id=low_id,
+                seed=seed,
+                require_arrival=arrival == "trace",
+                long_threshold=long_threshold,
+            )
         elif kind == "sharegpt":
-            reqs = load_sharegpt(path, tokenize=tokenize, vocab_size=vocab_size, low_id=low_id, seed=seed,
-                                 long_threshold=long_threshold)
+            reqs = load_sharegpt(
+                path, tokenize=tokenize, vocab_size=vocab_size, low_id=low_id, seed=seed, long_threshold=long_threshold
+            )
         else:
             reqs = load_peers_json(path, vocab_size=vocab_size, long_threshold=long_threshold)
         if n is not None:
@@ -173,24 +211,33 @@ def make_workload(cfg: Any, *, tokenize: Tokenize | None = None) -> list[Workloa
     elif arrival == "trace":
         times = arrival_times(n, "trace", trace=load_arrival_times(path)).tolist()
     else:
-        times = arrival_times(n, arrival, rng=rng_for(seed, Stream.ARRIVAL), request_rate=get_field(cfg, "request_rate"),
-                              burstiness=get_field(cfg, "burstiness", 1.0)).tolist()
+        times = arrival_times(
+            n,
+            arrival,
+            rng=rng_for(seed, Stream.ARRIVAL),
+            request_rate=get_field(cfg, "request_rate"),
+            burstiness=get_field(cfg, "burstiness", 1.0),
+        ).tolist()
     # A deadline read from a file keeps its slack (deadline - arrival) when the arrival time moves.
     reqs = [
-        dataclasses.replace(r, arrival_time=float(t),
-                            deadline=None if r.deadline is None else r.deadline - r.arrival_time + float(t))
+        dataclasses.replace(
+            r, arrival_time=float(t), deadline=None if r.deadline is None else r.deadline - r.arrival_time + float(t)
+        )
         for r, t in zip(reqs, times)
     ]
     if max_model_len is not None:
         reqs = [clip_to_max_model_len(r, max_model_len) for r in reqs]
     if deadline_s is not None:
-        reqs = [r if r.deadline is not None else dataclasses.replace(r, deadline=r.arrival_time + deadline_s)
-                for r in reqs]
+        reqs = [
+            r if r.deadline is not None else dataclasses.replace(r, deadline=r.arrival_time + deadline_s) for r in reqs
+        ]
     tenant_priority = get_field(cfg, "tenant_priority")
     if tenant_priority is not None:
         tenant_priority = {str(t): as_int(p, f"tenant_priority[{t!r}]") for t, p in dict(tenant_priority).items()}
-        reqs = [dataclasses.replace(r, priority=tenant_priority[r.tenant]) if r.tenant in tenant_priority else r
-                for r in reqs]
+        reqs = [
+            dataclasses.replace(r, priority=tenant_priority[r.tenant]) if r.tenant in tenant_priority else r
+            for r in reqs
+        ]
     reqs.sort(key=lambda r: r.arrival_time)  # stable: ties keep their generation / file order
     return reqs
 

@@ -1,4 +1,5 @@
 """Host-side core of cbjax: requests, pages and the scheduler. Pure Python + numpy; never imports jax."""
+
 from cbjax.core.clock import Clock, RealClock, VirtualClock
 from cbjax.core.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from cbjax.core.page_pool import PagePool
@@ -6,10 +7,26 @@ from cbjax.core.policies import POLICIES, make_policy
 from cbjax.core.policy import Policy, SchedulerView
 from cbjax.core.request import FinishReason, Request, RequestStatus
 from cbjax.core.sampling_params import SamplingParams
-from cbjax.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, ScheduledSeq
+from cbjax.core.scheduler import ScheduledSeq, Scheduler, SchedulerConfig, SchedulerOutput
 
 __all__ = [
-    "Clock", "RealClock", "VirtualClock", "CompletionOutput", "RequestMetrics", "RequestOutput", "PagePool",
-    "FinishReason", "Request", "RequestStatus", "SamplingParams", "Scheduler", "SchedulerConfig",
-    "SchedulerOutput", "ScheduledSeq", "POLICIES", "Policy", "SchedulerView", "make_policy",
+    "POLICIES",
+    "Clock",
+    "CompletionOutput",
+    "FinishReason",
+    "PagePool",
+    "Policy",
+    "RealClock",
+    "Request",
+    "RequestMetrics",
+    "RequestOutput",
+    "RequestStatus",
+    "SamplingParams",
+    "ScheduledSeq",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerOutput",
+    "SchedulerView",
+    "VirtualClock",
+    "make_policy",
 ]

@@ -1,5 +1,6 @@
 """Injected clocks: the engine and scheduler read time only through one of these, so tests and the simulator run
 on virtual time and give reproducible results."""
+
 import time
 from typing import Protocol
 

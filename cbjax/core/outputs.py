@@ -1,4 +1,5 @@
 """What the engine hands back: per-request outputs (vLLM-shaped) and their timing records."""
+
 from dataclasses import dataclass, field
 
 

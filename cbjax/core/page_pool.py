@@ -1,6 +1,7 @@
 """The KV page pool: fixed-size pages handed out from a free list and recycled by refcount, with an optional
 prefix cache (full pages keyed by a chained hash, shared by refcount, kept after release in an LRU until evicted).
 """
+
 import collections
 from collections.abc import Sequence
 
@@ -15,7 +16,7 @@ def chain_hashes(tokens: Sequence[int], page_size: int, hashes: list[int], upto:
     n = len(tokens) if upto is None else upto
     parent = hashes[-1] if hashes else ROOT_HASH
     for start in range(len(hashes) * page_size, n - page_size + 1, page_size):
-        parent = hash((parent, tuple(tokens[start:start + page_size])))
+        parent = hash((parent, tuple(tokens[start : start + page_size])))
         hashes.append(parent)
     return hashes
 

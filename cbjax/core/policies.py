@@ -1,4 +1,5 @@
 """The policy zoo: every policy reachable by name, and `make_policy`. The interface is in policy.py."""
+
 import heapq
 import inspect
 from collections.abc import Sequence
@@ -65,8 +66,7 @@ class SarathiPolicy(Policy):
     name = "sarathi"
     chunked_prefill = True
 
-    def __init__(self, chunk_size: int | None = None, victim: str = "rank",
-                 reserve_to_completion: bool | None = None):
+    def __init__(self, chunk_size: int | None = None, victim: str = "rank", reserve_to_completion: bool | None = None):
         super().__init__(victim, reserve_to_completion)
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"sarathi chunk_size must be >= 1, got {chunk_size}")
@@ -88,8 +88,7 @@ class PriorityPolicy(Policy):
     name = "priority"
     preempts_for_admission = True
 
-    def __init__(self, aging_s: float | None = 10.0, victim: str = "rank",
-                 reserve_to_completion: bool | None = None):
+    def __init__(self, aging_s: float | None = 10.0, victim: str = "rank", reserve_to_completion: bool | None = None):
         super().__init__(victim, reserve_to_completion)
         if aging_s is not None and aging_s <= 0:
             raise ValueError(f"priority aging_s must be > 0 or None (no aging), got {aging_s}")
@@ -125,8 +124,9 @@ class ThreeLevelPolicy(Policy):
 
     def rank(self, running, waiting, now):
         running = by_admission(running)
-        return (by_arrival(waiting) + [r for r in running if not self.demoted(r)]
-                + [r for r in running if self.demoted(r)])
+        return (
+            by_arrival(waiting) + [r for r in running if not self.demoted(r)] + [r for r in running if self.demoted(r)]
+        )
 
     def victims(self, requester, lower):
         if requester.status is RequestStatus.RUNNING:
@@ -172,8 +172,14 @@ class MLFQPolicy(Policy):
     name = "mlfq"
     preempts_for_admission = True
 
-    def __init__(self, num_levels: int = 4, quantum: int = 64, starvation_s: float | None = 5.0,
-                 victim: str = "rank", reserve_to_completion: bool | None = None):
+    def __init__(
+        self,
+        num_levels: int = 4,
+        quantum: int = 64,
+        starvation_s: float | None = 5.0,
+        victim: str = "rank",
+        reserve_to_completion: bool | None = None,
+    ):
         super().__init__(victim, reserve_to_completion)
         if num_levels < 1 or quantum < 1:
             raise ValueError(f"mlfq needs num_levels >= 1 and quantum >= 1, got {num_levels}, {quantum}")
@@ -214,9 +220,14 @@ class FairSharePolicy(Policy):
 
     name = "fair_share"
 
-    def __init__(self, input_weight: float = 1.0, output_weight: float = 2.0,
-                 tenant_weights: dict | None = None, victim: str = "rank",
-                 reserve_to_completion: bool | None = None):
+    def __init__(
+        self,
+        input_weight: float = 1.0,
+        output_weight: float = 2.0,
+        tenant_weights: dict | None = None,
+        victim: str = "rank",
+        reserve_to_completion: bool | None = None,
+    ):
         super().__init__(victim, reserve_to_completion)
         self.input_weight, self.output_weight = input_weight, output_weight
         self.tenant_weights = dict(tenant_weights or {})
@@ -270,8 +281,13 @@ class EDFPolicy(Policy):
     name = "edf"
     preempts_for_admission = True
 
-    def __init__(self, default_slack_s: float = 30.0, class_slack_s: dict | None = None, victim: str = "rank",
-                 reserve_to_completion: bool | None = None):
+    def __init__(
+        self,
+        default_slack_s: float = 30.0,
+        class_slack_s: dict | None = None,
+        victim: str = "rank",
+        reserve_to_completion: bool | None = None,
+    ):
         super().__init__(victim, reserve_to_completion)
         self.default_slack_s = default_slack_s
         self.class_slack_s = {int(k): float(v) for k, v in (class_slack_s or {}).items()}
@@ -293,8 +309,9 @@ class LPMPolicy(Policy):
 
     name = "lpm"
 
-    def __init__(self, aging_tokens_per_s: float = 256.0, victim: str = "rank",
-                 reserve_to_completion: bool | None = None):
+    def __init__(
+        self, aging_tokens_per_s: float = 256.0, victim: str = "rank", reserve_to_completion: bool | None = None
+    ):
         super().__init__(victim, reserve_to_completion)
         self.aging_tokens_per_s = aging_tokens_per_s
 
@@ -310,9 +327,23 @@ class LPMPolicy(Policy):
         return by_admission(running) + sorted(waiting, key=lambda r: (-score(r), r.arrival_order))
 
 
-POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (
-    FCFSPolicy, StaticPolicy, PrefillFirstPolicy, SarathiPolicy, PriorityPolicy, ThreeLevelPolicy, SJFPolicy,
-    SRPTOraclePolicy, MLFQPolicy, FairSharePolicy, EDFPolicy, LPMPolicy)}
+POLICIES: dict[str, type[Policy]] = {
+    cls.name: cls
+    for cls in (
+        FCFSPolicy,
+        StaticPolicy,
+        PrefillFirstPolicy,
+        SarathiPolicy,
+        PriorityPolicy,
+        ThreeLevelPolicy,
+        SJFPolicy,
+        SRPTOraclePolicy,
+        MLFQPolicy,
+        FairSharePolicy,
+        EDFPolicy,
+        LPMPolicy,
+    )
+}
 
 
 def make_policy(name: str, options: dict | None = None, **context) -> Policy:

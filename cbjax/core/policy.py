@@ -25,6 +25,7 @@ A new policy is a small subclass that implements `rank` (and perhaps `victims`):
 in policies.py; register a policy in `POLICIES` there to make it reachable by name from EngineConfig.policy,
 `LLM(policy=...)` and the experiment configs. Priorities follow vLLM: a lower `priority` value is more important.
 """
+
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 

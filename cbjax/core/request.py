@@ -1,4 +1,5 @@
 """A generation request as the scheduler sees it: tokens, progress, pages and timestamps."""
+
 import enum
 
 from cbjax.core.outputs import RequestMetrics
@@ -25,15 +26,44 @@ class Request:
     """
 
     __slots__ = (
-        "request_id", "prompt_token_ids", "params", "status", "output_token_ids", "all_token_ids",
-        "num_computed_tokens", "pages", "finish_reason", "metrics", "seed", "arrival_order", "num_preemptions",
-        "priority", "tenant", "error", "deadline", "host_pages", "page_hashes", "num_registered_pages",
-        "admission_order", "last_scheduled_time", "num_served_tokens", "policy_state",
+        "admission_order",
+        "all_token_ids",
+        "arrival_order",
+        "deadline",
+        "error",
+        "finish_reason",
+        "host_pages",
+        "last_scheduled_time",
+        "metrics",
+        "num_computed_tokens",
+        "num_preemptions",
+        "num_registered_pages",
+        "num_served_tokens",
+        "output_token_ids",
+        "page_hashes",
+        "pages",
+        "params",
+        "policy_state",
+        "priority",
+        "prompt_token_ids",
+        "request_id",
+        "seed",
+        "status",
+        "tenant",
     )
 
-    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float,
-                 seed: int, arrival_order: int, priority: int = 0, tenant: str = "default",
-                 deadline: float | None = None):
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float,
+        seed: int,
+        arrival_order: int,
+        priority: int = 0,
+        tenant: str = "default",
+        deadline: float | None = None,
+    ):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.params = params
@@ -89,5 +119,7 @@ class Request:
         self.all_token_ids.append(token)
 
     def __repr__(self) -> str:
-        return (f"Request({self.request_id!r}, {self.status.value}, prompt={self.num_prompt_tokens}, "
-                f"out={len(self.output_token_ids)}, computed={self.num_computed_tokens}, pages={len(self.pages)})")
+        return (
+            f"Request({self.request_id!r}, {self.status.value}, prompt={self.num_prompt_tokens}, "
+            f"out={len(self.output_token_ids)}, computed={self.num_computed_tokens}, pages={len(self.pages)})"
+        )

@@ -1,4 +1,5 @@
 """Sampling parameters, shaped like vLLM's."""
+
 from dataclasses import dataclass, field
 
 

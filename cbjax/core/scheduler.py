@@ -5,6 +5,7 @@ computes its next uncomputed tokens: a whole prompt, a prompt chunk, one decode 
 preempted sequence are all the same operation. A sequence whose chunk reaches the end of its context samples one
 new token. Finished sequences leave at `update`, so their slot and pages serve the very next step.
 """
+
 import dataclasses
 from collections.abc import Sequence
 
@@ -106,8 +107,12 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, clock: Clock, policy: Policy | None = None):
         self.config = config
         self.clock = clock
-        self.policy = policy or make_policy(config.policy, config.policy_options, max_num_seqs=config.max_num_seqs,
-                                            batch_timeout_s=config.static_batch_timeout_s)
+        self.policy = policy or make_policy(
+            config.policy,
+            config.policy_options,
+            max_num_seqs=config.max_num_seqs,
+            batch_timeout_s=config.static_batch_timeout_s,
+        )
         self.policy.attach(ReadOnlyScheduler(self))
         self.pool = PagePool(config.num_pages, enable_caching=config.enable_prefix_caching)
         swap = config.preemption_mode == "swap" and config.num_host_pages > 0
@@ -137,7 +142,10 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def can_ever_fit(self, num_tokens: int) -> bool:
-        return num_tokens <= self.config.max_model_len and pages_for(num_tokens, self.config.page_size) <= self.config.num_pages
+        return (
+            num_tokens <= self.config.max_model_len
+            and pages_for(num_tokens, self.config.page_size) <= self.config.num_pages
+        )
 
     def next_event_time(self) -> float | None:
         """When the policy will admit although no request arrives or finishes (a static batch's timeout)."""
@@ -152,8 +160,11 @@ class Scheduler:
         """Walk the policy's ranking: each request gets its next chunk while the token budget and the slots last,
         making room (preempting lower-ranked requests) where the policy allows it."""
         now = self.clock.now()
-        step = _Step(SchedulerOutput([], 0, [], now), self.config.max_num_batched_tokens,
-                     may_admit=self.policy.may_admit(self.running, self.waiting, now))
+        step = _Step(
+            SchedulerOutput([], 0, [], now),
+            self.config.max_num_batched_tokens,
+            may_admit=self.policy.may_admit(self.running, self.waiting, now),
+        )
         if self.policy.admits_whole_batch:
             self._admit_batch(step)
         ranking = self.policy.rank(self.running, self.waiting, now)
@@ -168,7 +179,7 @@ class Scheduler:
                 # An unsplittable prompt waits for a step with room; later requests do not jump ahead of it.
                 step.may_admit &= not waiting
                 continue
-            place = self._make_room(req, place, ranking[idx + 1:], step)
+            place = self._make_room(req, place, ranking[idx + 1 :], step)
             if place is not None:
                 self._commit(req, place, step)
         if self.host_pool is not None:
@@ -184,14 +195,16 @@ class Scheduler:
                 self._admit(req)
         step.may_admit = False
 
-    def _make_room(self, req: Request, place: _Placement, lower_ranked: list[Request],
-                   step: _Step) -> _Placement | None:
+    def _make_room(
+        self, req: Request, place: _Placement, lower_ranked: list[Request], step: _Step
+    ) -> _Placement | None:
         """A slot and pages for `req`, preempting requests ranked below it as the policy allows. Returns the
         placement to commit (counted again after any preemption), or None when there is no room this step."""
         waiting = req.status is not RequestStatus.RUNNING
         if waiting and len(self.running) >= self.config.max_num_seqs:
-            if not self._preempt_lower(req, lower_ranked, step, need_slot=True,
-                                       target=self._pages_wanted(place, waiting)):
+            if not self._preempt_lower(
+                req, lower_ranked, step, need_slot=True, target=self._pages_wanted(place, waiting)
+            ):
                 step.may_admit = False
                 return None
             place = self._placement(req, step.budget)  # the victim's release may have turned hits evictable
@@ -217,8 +230,9 @@ class Scheduler:
             self._admit(req)
         self._place(req, place, step)
         end = place.num_computed_tokens + place.num_new_tokens
-        step.out.seqs.append(ScheduledSeq(req, place.num_computed_tokens, place.num_new_tokens,
-                                          samples_token=end == req.num_tokens))
+        step.out.seqs.append(
+            ScheduledSeq(req, place.num_computed_tokens, place.num_new_tokens, samples_token=end == req.num_tokens)
+        )
         step.budget -= place.num_new_tokens
         now = step.out.time
         if req.metrics.first_scheduled_time is None:
@@ -299,8 +313,9 @@ class Scheduler:
         self._num_admissions += 1
         self.running.append(req)
 
-    def _preempt_lower(self, req: Request, lower_ranked: list[Request], step: _Step, *, need_slot: bool,
-                       target: int) -> bool:
+    def _preempt_lower(
+        self, req: Request, lower_ranked: list[Request], step: _Step, *, need_slot: bool, target: int
+    ) -> bool:
         """Preempt running requests ranked below `req` (as the policy allows) until it has a slot (need_slot) or
         `target` free pages. Returns whether that was reached; preempts nobody when it cannot be."""
         lower = [r for r in lower_ranked if r.status is RequestStatus.RUNNING]
@@ -327,7 +342,7 @@ class Scheduler:
         if req.pages:
             k = pages_for(req.num_computed_tokens, self.config.page_size)
             host = self.host_pool
-            if host is not None and 0 < k and host.can_allocate(k):
+            if host is not None and k > 0 and host.can_allocate(k):
                 req.host_pages = host.allocate(k)
                 step.out.swap_out.extend(zip(req.pages[:k], req.host_pages))
                 self.num_swapped_out_pages += k
@@ -347,8 +362,9 @@ class Scheduler:
         self.waiting.append(req)
 
     # ---- after the step ---------------------------------------------------------------------------------------
-    def update(self, out: SchedulerOutput, sampled: Sequence[int], eos_token_id: int | None,
-               now: float) -> list[Request]:
+    def update(
+        self, out: SchedulerOutput, sampled: Sequence[int], eos_token_id: int | None, now: float
+    ) -> list[Request]:
         """Advance the scheduled sequences by the step's results; return those with a new token or finished."""
         changed = []
         caching = self.pool.enable_caching

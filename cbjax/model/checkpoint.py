@@ -4,6 +4,7 @@ Parameters are stored as the NNX state's pure dict (nested dicts of arrays), so 
 module classes; restoring always goes through an abstract target, which gives back the exact pytree structure
 (optax's named tuples included) and dtypes, and refuses a checkpoint of another shape.
 """
+
 import os
 
 import jax
@@ -30,8 +31,9 @@ def set_params(model: Llama, params: dict) -> Llama:
 
 def _abstract(tree):
     # numpy scalars (np.int64(3)) are not orbax leaves; 0-d arrays are.
-    return jax.tree.map(lambda x: ocp.utils.to_shape_dtype_struct(np.asarray(x) if isinstance(x, np.generic) else x),
-                        tree)
+    return jax.tree.map(
+        lambda x: ocp.utils.to_shape_dtype_struct(np.asarray(x) if isinstance(x, np.generic) else x), tree
+    )
 
 
 def save_params(path: str, model: Llama) -> None:
@@ -55,17 +57,23 @@ def restore_params(path: str, model_or_config: "Llama | ModelConfig") -> Llama:
     with ocp.StandardCheckpointer() as ckptr:
         # Compare shapes from the metadata first: a restore that fails inside orbax leaves its async readers behind.
         try:
-            saved = {".".join(str(getattr(k, "key", k)) for k in p): tuple(m.shape) for p, m in
-                     jax.tree_util.tree_leaves_with_path(ckptr.metadata(path).item_metadata)}
+            saved = {
+                ".".join(str(getattr(k, "key", k)) for k in p): tuple(m.shape)
+                for p, m in jax.tree_util.tree_leaves_with_path(ckptr.metadata(path).item_metadata)
+            }
         except (ValueError, FileNotFoundError) as e:
             raise ValueError(f"{path}: not a parameter checkpoint ({e})") from None
-        wanted = {".".join(str(getattr(k, "key", k)) for k in p): tuple(a.shape) for p, a in
-                  jax.tree_util.tree_leaves_with_path(target)}
+        wanted = {
+            ".".join(str(getattr(k, "key", k)) for k in p): tuple(a.shape)
+            for p, a in jax.tree_util.tree_leaves_with_path(target)
+        }
         if saved != wanted:
             diff = sorted(k for k in saved.keys() | wanted.keys() if saved.get(k) != wanted.get(k))
-            raise ValueError(f"{path}: cannot restore parameters for this model: {diff[0]} is "
-                             f"{saved.get(diff[0], 'absent')} in the checkpoint, {wanted.get(diff[0], 'absent')} "
-                             f"in the model ({len(diff)} parameters differ)")
+            raise ValueError(
+                f"{path}: cannot restore parameters for this model: {diff[0]} is "
+                f"{saved.get(diff[0], 'absent')} in the checkpoint, {wanted.get(diff[0], 'absent')} "
+                f"in the model ({len(diff)} parameters differ)"
+            )
         params = ckptr.restore(path, target)
     if isinstance(model_or_config, ModelConfig):
         graphdef, state = nnx.split(model)
@@ -80,8 +88,9 @@ class TrainCheckpointer:
 
     def __init__(self, directory: str, max_to_keep: int = 2):
         self.directory = os.path.abspath(directory)
-        self._mngr = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, create=True))
+        self._mngr = ocp.CheckpointManager(
+            self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
+        )
 
     def latest_step(self) -> int | None:
         return self._mngr.latest_step()
@@ -97,8 +106,7 @@ class TrainCheckpointer:
         step = self.latest_step() if step is None else step
         if step is None:
             raise ValueError(f"{self.directory}: no checkpoint to restore")
-        target = _abstract({"params": params_like, "opt_state": opt_state_like, "step": 0,
-                            "extra": extra_like or {}})
+        target = _abstract({"params": params_like, "opt_state": opt_state_like, "step": 0, "extra": extra_like or {}})
         r = self._mngr.restore(step, args=ocp.args.StandardRestore(target))
         return r["params"], r["opt_state"], int(r["step"]), r["extra"]
 

@@ -1,4 +1,5 @@
 """Model configuration of the Llama family, and the named shapes cbjax ships."""
+
 import dataclasses
 
 
@@ -42,8 +43,14 @@ class ModelConfig:
         return dataclasses.replace(self, **kw)
 
     def num_params(self) -> int:
-        D, H, N, K, F, V = (self.hidden_size, self.dim_per_head, self.num_heads, self.num_kv_heads,
-                            self.intermediate_size, self.vocab_size)
+        D, H, N, K, F, V = (
+            self.hidden_size,
+            self.dim_per_head,
+            self.num_heads,
+            self.num_kv_heads,
+            self.intermediate_size,
+            self.vocab_size,
+        )
         attn = D * N * H + 2 * D * K * H + N * H * D + (N * H + 2 * K * H if self.qkv_bias else 0)
         per_layer = attn + 3 * D * F + 2 * D + (2 * H if self.qk_norm else 0)
         return V * D * (1 if self.tie_word_embeddings else 2) + self.num_layers * per_layer + D
@@ -51,13 +58,23 @@ class ModelConfig:
 
 NAMED_CONFIGS: dict[str, ModelConfig] = {
     # The shapes of the peer benchmarks (../shared/peers): random-init Llamas.
-    "llama-tiny": ModelConfig(vocab_size=32000, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2,
-                              intermediate_size=688),
-    "llama-small": ModelConfig(vocab_size=32000, hidden_size=1024, num_layers=8, num_heads=16, num_kv_heads=4,
-                               intermediate_size=2816),
+    "llama-tiny": ModelConfig(
+        vocab_size=32000, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=688
+    ),
+    "llama-small": ModelConfig(
+        vocab_size=32000, hidden_size=1024, num_layers=8, num_heads=16, num_kv_heads=4, intermediate_size=2816
+    ),
     # For tests: small enough to compile and run in seconds; a wide init so greedy argmax has clear margins.
-    "test-tiny": ModelConfig(vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                             intermediate_size=128, initializer_range=0.2, max_position_embeddings=1024),
+    "test-tiny": ModelConfig(
+        vocab_size=512,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=128,
+        initializer_range=0.2,
+        max_position_embeddings=1024,
+    ),
 }
 
 
@@ -65,5 +82,7 @@ def get_model_config(name: str) -> ModelConfig:
     try:
         return NAMED_CONFIGS[name]
     except KeyError:
-        raise ValueError(f"unknown model {name!r}; named configs: {sorted(NAMED_CONFIGS)} "
-                         "(or pass a path to a Hugging Face checkpoint directory)") from None
+        raise ValueError(
+            f"unknown model {name!r}; named configs: {sorted(NAMED_CONFIGS)} "
+            "(or pass a path to a Hugging Face checkpoint directory)"
+        ) from None

@@ -8,6 +8,7 @@ sliding windows, yarn/dynamic rope) is refused with a ValueError instead of load
 Tensors are read with the `safetensors` numpy API, checked (present, shape, floating dtype, finite), cast to the
 requested dtype and set into an abstract NNX model, so a checkpoint is never initialised randomly first.
 """
+
 import json
 import os
 
@@ -82,8 +83,9 @@ def _sliding_window(hf: dict, arch: str, where: str) -> int | None:
         # Qwen applies the window only to some layers (layer_types / max_window_layers); one window for every
         # layer is all the cbjax decoder has, so anything mixed is refused.
         n = hf["num_hidden_layers"]
-        types = hf.get("layer_types") or ["sliding_attention" if i >= hf.get("max_window_layers", n) else
-                                          "full_attention" for i in range(n)]
+        types = hf.get("layer_types") or [
+            "sliding_attention" if i >= hf.get("max_window_layers", n) else "full_attention" for i in range(n)
+        ]
         if all(t == "sliding_attention" for t in types):
             return int(window)
         if all(t == "full_attention" for t in types):
@@ -92,14 +94,16 @@ def _sliding_window(hf: dict, arch: str, where: str) -> int | None:
     return None
 
 
-def model_config_from_hf(hf: dict, generation: dict | None = None, *, dtype: str | None = None,
-                         where: str = "config.json") -> ModelConfig:
+def model_config_from_hf(
+    hf: dict, generation: dict | None = None, *, dtype: str | None = None, where: str = "config.json"
+) -> ModelConfig:
     """ModelConfig from a parsed config.json (and generation_config.json, whose eos/bos ids take precedence)."""
     archs = hf.get("architectures") or []
     arch = archs[0] if archs else None
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(f"{where}: unsupported architecture {arch!r} "
-                         f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+        raise ValueError(
+            f"{where}: unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+        )
     required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     missing = [k for k in required if k not in hf]
     if missing:
@@ -127,26 +131,38 @@ def model_config_from_hf(hf: dict, generation: dict | None = None, *, dtype: str
         head_dim = None  # the default, spelled as ModelConfig spells it, so configs compare equal
     try:
         return ModelConfig(
-            vocab_size=int(hf["vocab_size"]), hidden_size=int(hf["hidden_size"]),
-            num_layers=int(hf["num_hidden_layers"]), num_heads=int(heads),
+            vocab_size=int(hf["vocab_size"]),
+            hidden_size=int(hf["hidden_size"]),
+            num_layers=int(hf["num_hidden_layers"]),
+            num_heads=int(heads),
             num_kv_heads=int(hf.get("num_key_value_heads") or heads),
             intermediate_size=int(hf["intermediate_size"]),
             head_dim=int(head_dim) if head_dim else None,
-            rope_theta=theta, rope_scaling=scaling, rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            qkv_bias=arch == "Qwen2ForCausalLM", qk_norm=arch == "Qwen3ForCausalLM",
+            rope_theta=theta,
+            rope_scaling=scaling,
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            qkv_bias=arch == "Qwen2ForCausalLM",
+            qk_norm=arch == "Qwen3ForCausalLM",
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             sliding_window=_sliding_window(hf, arch, where),
             max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
             initializer_range=float(hf.get("initializer_range", 0.02)),
-            bos_token_id=bos, eos_token_id=eos, extra_eos_token_ids=extra_eos, pad_token_id=pad, dtype=dtype)
+            bos_token_id=bos,
+            eos_token_id=eos,
+            extra_eos_token_ids=extra_eos,
+            pad_token_id=pad,
+            dtype=dtype,
+        )
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
 
 
 def hf_tensor_names(cfg: ModelConfig) -> dict[tuple, tuple[str, bool]]:
     """NNX parameter path -> (HF tensor name, transpose). nnx.Linear kernels are [in, out], HF weights [out, in]."""
-    names = {("embed", "embedding"): ("model.embed_tokens.weight", False),
-             ("norm", "weight"): ("model.norm.weight", False)}
+    names = {
+        ("embed", "embedding"): ("model.embed_tokens.weight", False),
+        ("norm", "weight"): ("model.norm.weight", False),
+    }
     if not cfg.tie_word_embeddings:
         names[("lm_head", "kernel")] = ("lm_head.weight", True)
     for i in range(cfg.num_layers):
@@ -179,7 +195,7 @@ class _SafetensorsFiles:
                 raise ValueError(f"{index}: no weight_map")
             self.file_of = {name: os.path.join(path, shard) for name, shard in weight_map.items()}
         elif os.path.isfile(single):
-            self.file_of = {name: single for name in self._open(single).keys()}
+            self.file_of = dict.fromkeys(self._open(single).keys(), single)
         else:
             raise ValueError(f"{path}: no model.safetensors or model.safetensors.index.json")
 
@@ -224,8 +240,9 @@ def load_hf_params(path: str, cfg: ModelConfig) -> dict[tuple, np.ndarray]:
         wanted.add("lm_head.weight")  # some tied checkpoints still store the (identical) head; it is not used
     unexpected = sorted(n for n in files.names() - wanted if not n.endswith(_IGNORED_SUFFIXES))
     if unexpected:
-        raise ValueError(f"{files._where()}: unexpected tensors for this config (another architecture?): "
-                         f"{unexpected[:5]}")
+        raise ValueError(
+            f"{files._where()}: unexpected tensors for this config (another architecture?): {unexpected[:5]}"
+        )
     target = _NP_DTYPES[cfg.dtype]
     out = {}
     for nnx_path, (name, transpose) in names.items():
@@ -264,23 +281,44 @@ def hf_config_dict(cfg: ModelConfig, dtype: str = "bfloat16") -> dict:
     """config.json for a cbjax model, as LlamaForCausalLM (or Qwen2/Qwen3 when it has their features)."""
     if cfg.qkv_bias and cfg.qk_norm:
         raise ValueError("no Hugging Face architecture has both qkv bias and q/k norm")
-    arch, model_type = ("Qwen2ForCausalLM", "qwen2") if cfg.qkv_bias else (
-        ("Qwen3ForCausalLM", "qwen3") if cfg.qk_norm else
-        (("MistralForCausalLM", "mistral") if cfg.sliding_window else ("LlamaForCausalLM", "llama")))
+    arch, model_type = (
+        ("Qwen2ForCausalLM", "qwen2")
+        if cfg.qkv_bias
+        else (
+            ("Qwen3ForCausalLM", "qwen3")
+            if cfg.qk_norm
+            else (("MistralForCausalLM", "mistral") if cfg.sliding_window else ("LlamaForCausalLM", "llama"))
+        )
+    )
     rope = {"rope_theta": cfg.rope_theta, "rope_type": "default"}
     rope.update(dict(cfg.rope_scaling or {}))
     return {
-        "architectures": [arch], "model_type": model_type, "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.dim_per_head, "hidden_act": "silu",
-        "max_position_embeddings": cfg.max_position_embeddings, "rms_norm_eps": cfg.rms_norm_eps,
+        "architectures": [arch],
+        "model_type": model_type,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.dim_per_head,
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rms_norm_eps": cfg.rms_norm_eps,
         # Both spellings, so transformers 4.x (rope_theta/rope_scaling) and 5.x (rope_parameters) read it.
-        "rope_theta": cfg.rope_theta, "rope_scaling": dict(cfg.rope_scaling) if cfg.rope_scaling else None,
-        "rope_parameters": rope, "attention_bias": False, "mlp_bias": False,
-        "tie_word_embeddings": cfg.tie_word_embeddings, "sliding_window": cfg.sliding_window,
-        "initializer_range": cfg.initializer_range, "bos_token_id": cfg.bos_token_id,
-        "eos_token_id": _eos_field(cfg), "pad_token_id": cfg.pad_token_id, "dtype": dtype, "torch_dtype": dtype,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": dict(cfg.rope_scaling) if cfg.rope_scaling else None,
+        "rope_parameters": rope,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "sliding_window": cfg.sliding_window,
+        "initializer_range": cfg.initializer_range,
+        "bos_token_id": cfg.bos_token_id,
+        "eos_token_id": _eos_field(cfg),
+        "pad_token_id": cfg.pad_token_id,
+        "dtype": dtype,
+        "torch_dtype": dtype,
         "use_cache": True,
     }
 

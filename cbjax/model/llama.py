@@ -5,6 +5,7 @@ Two forwards share the weights:
   cache and reads it through `kernels_pallas.ragged_attention` (backend switch).
 - `forward_full`: a plain full-sequence causal forward with no cache, the oracle the engine is tested against.
 """
+
 import typing
 
 import jax
@@ -42,9 +43,16 @@ def _linear(cfg: ModelConfig, din: int, dout: int, rngs: nnx.Rngs, bias: bool = 
     dt = jnp.dtype(cfg.dtype)
     # Accumulate in float32 whatever the weights: on CPUs with AVX512-BF16 a bf16 x bf16 -> f32 matmul runs ~2x
     # faster than f32 (half the weight bytes), while bf16 -> bf16 falls off the fast path.
-    return nnx.Linear(din, dout, use_bias=bias, dtype=dt, param_dtype=dt, rngs=rngs,
-                      kernel_init=nnx.initializers.normal(cfg.initializer_range),
-                      preferred_element_type=jnp.float32)
+    return nnx.Linear(
+        din,
+        dout,
+        use_bias=bias,
+        dtype=dt,
+        param_dtype=dt,
+        rngs=rngs,
+        kernel_init=nnx.initializers.normal(cfg.initializer_range),
+        preferred_element_type=jnp.float32,
+    )
 
 
 class Attention(nnx.Module):
@@ -77,12 +85,30 @@ class Attention(nnx.Module):
         q, k, v = self._qkv(x, positions)
         Kh, P, G, H = k_pages.shape
         # Scatter the new K/V rows into the flat view of the cache; padding tokens write to the spare page.
-        k_pages = k_pages.reshape(Kh, P * G, H).at[:, md.slot_mapping].set(
-            k.transpose(1, 0, 2).astype(k_pages.dtype)).reshape(Kh, P, G, H)
-        v_pages = v_pages.reshape(Kh, P * G, H).at[:, md.slot_mapping].set(
-            v.transpose(1, 0, 2).astype(v_pages.dtype)).reshape(Kh, P, G, H)
-        out = ragged_attention(q, k_pages, v_pages, md.kv_lens, md.page_indices, md.cu_q_lens, md.num_seqs,
-                               sliding_window=self.cfg.sliding_window, backend=backend, interpret=interpret)
+        k_pages = (
+            k_pages.reshape(Kh, P * G, H)
+            .at[:, md.slot_mapping]
+            .set(k.transpose(1, 0, 2).astype(k_pages.dtype))
+            .reshape(Kh, P, G, H)
+        )
+        v_pages = (
+            v_pages.reshape(Kh, P * G, H)
+            .at[:, md.slot_mapping]
+            .set(v.transpose(1, 0, 2).astype(v_pages.dtype))
+            .reshape(Kh, P, G, H)
+        )
+        out = ragged_attention(
+            q,
+            k_pages,
+            v_pages,
+            md.kv_lens,
+            md.page_indices,
+            md.cu_q_lens,
+            md.num_seqs,
+            sliding_window=self.cfg.sliding_window,
+            backend=backend,
+            interpret=interpret,
+        )
         return self.o_proj(out.reshape(T, -1)), k_pages, v_pages
 
     def full(self, x, positions):
@@ -91,7 +117,7 @@ class Attention(nnx.Module):
         B, S, _ = x.shape
         N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.dim_per_head
         q, k, v = self._qkv(x, positions)
-        q = q.astype(jnp.float32).reshape(B, S, K, N // K, H) * H ** -0.5
+        q = q.astype(jnp.float32).reshape(B, S, K, N // K, H) * H**-0.5
         s = jnp.einsum("bskrh,btkh->bkrst", q, k.astype(jnp.float32))
         i, j = jnp.arange(S)[:, None], jnp.arange(S)[None, :]
         mask = j <= i
@@ -126,15 +152,22 @@ class Llama(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         dt = jnp.dtype(cfg.dtype)
         self.cfg = cfg
-        self.embed = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dt, param_dtype=dt, rngs=rngs,
-                               embedding_init=nnx.initializers.normal(cfg.initializer_range))
+        self.embed = nnx.Embed(
+            cfg.vocab_size,
+            cfg.hidden_size,
+            dtype=dt,
+            param_dtype=dt,
+            rngs=rngs,
+            embedding_init=nnx.initializers.normal(cfg.initializer_range),
+        )
         self.layers = nnx.List([DecoderLayer(cfg, rngs) for _ in range(cfg.num_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt)
         if not cfg.tie_word_embeddings:
             self.lm_head = _linear(cfg, cfg.hidden_size, cfg.vocab_size, rngs)
 
-    def __call__(self, tokens, positions, kv_caches, md: AttentionMetadata, backend: str = "xla",
-                 interpret: bool = False):
+    def __call__(
+        self, tokens, positions, kv_caches, md: AttentionMetadata, backend: str = "xla", interpret: bool = False
+    ):
         """Serving forward: tokens, positions [T] -> final hidden states [T, D] and the updated caches."""
         x = self.embed(tokens)
         new_caches = []

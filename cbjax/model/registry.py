@@ -1,5 +1,6 @@
 """What `model=` names: a packaged checkpoint (cbjax/assets/<name>), a Hugging Face checkpoint directory, or a
 named random-init config (cbjax.model.config.NAMED_CONFIGS). Nothing is ever downloaded."""
+
 import os
 
 from cbjax.model.hf_loader import is_hf_checkpoint

@@ -1,4 +1,5 @@
 """Rotary position embeddings (the 'rotate half' convention of Hugging Face Llama), with rope scaling."""
+
 import math
 
 import jax.numpy as jnp

@@ -3,6 +3,7 @@
 The tokenizer.json's own post-processor decides special tokens (e.g. a BOS in front of every prompt), so text
 prompts encode exactly as transformers' fast tokenizer would encode them.
 """
+
 import os
 
 from tokenizers import Tokenizer as _HFTokenizer
@@ -67,11 +68,11 @@ class IncrementalDetokenizer:
         """Append `new_ids`; returns the text they completed (may be "" while a character is incomplete)."""
         self.ids.extend(int(t) for t in new_ids)
         dec = self.tokenizer.decode
-        prefix = dec(self.ids[self.prefix_offset:self.read_offset], self.skip)
-        full = dec(self.ids[self.prefix_offset:], self.skip)
+        prefix = dec(self.ids[self.prefix_offset : self.read_offset], self.skip)
+        full = dec(self.ids[self.prefix_offset :], self.skip)
         if len(full) <= len(prefix) or full.endswith("\ufffd"):
             return ""
-        delta = full[len(prefix):]
+        delta = full[len(prefix) :]
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         self.text += delta
         return delta
@@ -79,9 +80,9 @@ class IncrementalDetokenizer:
     def flush(self) -> str:
         """Whatever text is still held back (an incomplete character at the very end), e.g. when the stream ends."""
         dec = self.tokenizer.decode
-        prefix = dec(self.ids[self.prefix_offset:self.read_offset], self.skip)
-        full = dec(self.ids[self.prefix_offset:], self.skip)
-        delta = full[len(prefix):] if len(full) > len(prefix) else ""
+        prefix = dec(self.ids[self.prefix_offset : self.read_offset], self.skip)
+        full = dec(self.ids[self.prefix_offset :], self.skip)
+        delta = full[len(prefix) :] if len(full) > len(prefix) else ""
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         self.text += delta
         return delta

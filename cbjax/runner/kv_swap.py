@@ -7,6 +7,7 @@ Each device call moves a bucketed number of pages (powers of two up to a cap), s
 programs and warmup compiles all of them. Lists longer than the cap run as several calls of cap pages. Padding
 entries gather from, and scatter to, the spare page `pad_page`, whose content is garbage by design.
 """
+
 import functools
 
 import jax
@@ -52,8 +53,18 @@ class HostKVPool:
     and copies.
     """
 
-    def __init__(self, num_host_pages: int, *, num_device_pages: int, num_layers: int, num_kv_heads: int,
-                 page_size: int, head_dim: int, dtype, max_pages_per_call: int = MAX_PAGES_PER_CALL):
+    def __init__(
+        self,
+        num_host_pages: int,
+        *,
+        num_device_pages: int,
+        num_layers: int,
+        num_kv_heads: int,
+        page_size: int,
+        head_dim: int,
+        dtype,
+        max_pages_per_call: int = MAX_PAGES_PER_CALL,
+    ):
         if num_host_pages < 1:
             raise ValueError(f"num_host_pages must be >= 1, got {num_host_pages}")
         self.num_host_pages = num_host_pages
@@ -111,7 +122,7 @@ class HostKVPool:
 
     def _padded(self, idx: np.ndarray, bucket: int) -> np.ndarray:
         out = np.full(bucket, self.pad_page, np.int32)
-        out[:len(idx)] = idx
+        out[: len(idx)] = idx
         return out
 
     def swap_out(self, kv_caches, device_pages: np.ndarray, host_pages: np.ndarray) -> None:
@@ -120,7 +131,7 @@ class HostKVPool:
         # Dispatch every gather first, then fetch them in one device_get: the transfers overlap.
         gathered = [_gather(kv_caches, self._padded(device_pages[lo:hi], b)) for lo, hi, b in chunks]
         for (lo, hi, _), pages in zip(chunks, jax.device_get(gathered)):
-            self.host[host_pages[lo:hi]] = pages[:hi - lo]  # the padding rows (spare page) are dropped here
+            self.host[host_pages[lo:hi]] = pages[: hi - lo]  # the padding rows (spare page) are dropped here
 
     def swap_in(self, kv_caches, host_pages: np.ndarray, device_pages: np.ndarray):
         """Copy host pages -> device pages (validated indices); returns the new caches (the old are donated)."""

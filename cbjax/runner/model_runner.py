@@ -1,4 +1,5 @@
 """ModelRunner: owns the parameters and the paged KV cache on device and runs one jitted step per call."""
+
 import functools
 import time
 
@@ -14,6 +15,7 @@ from cbjax.runner.compile_counter import CompileCounter
 from cbjax.runner.sampler import sample
 from cbjax.runner.step_input import BucketTable, StepInput, empty_step_input, pack_step
 
+
 class _Static:
     """A static jit argument with a precomputed hash and identity equality.
 
@@ -22,7 +24,7 @@ class _Static:
     runners of identical models still share compiled programs.
     """
 
-    __slots__ = ("value", "_hash")
+    __slots__ = ("_hash", "value")
 
     def __init__(self, value):
         self.value, self._hash = value, hash(value)
@@ -64,9 +66,18 @@ class ModelRunner:
     pages per device call (see kv_swap.page_buckets).
     """
 
-    def __init__(self, model: Llama, *, num_pages: int, page_size: int, buckets: BucketTable,
-                 backend: str = "xla", interpret: bool = False, num_host_pages: int = 0,
-                 swap_pages_per_call: int = kv_swap.MAX_PAGES_PER_CALL):
+    def __init__(
+        self,
+        model: Llama,
+        *,
+        num_pages: int,
+        page_size: int,
+        buckets: BucketTable,
+        backend: str = "xla",
+        interpret: bool = False,
+        num_host_pages: int = 0,
+        swap_pages_per_call: int = kv_swap.MAX_PAGES_PER_CALL,
+    ):
         cfg = model.cfg
         self.cfg = cfg
         self.model = model
@@ -86,9 +97,20 @@ class ModelRunner:
         if num_host_pages < 0:
             raise ValueError(f"num_host_pages must be >= 0, got {num_host_pages}")
         self.num_host_pages = num_host_pages
-        self.host_pool = None if num_host_pages == 0 else kv_swap.HostKVPool(
-            num_host_pages, num_device_pages=num_pages, num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads,
-            page_size=page_size, head_dim=cfg.dim_per_head, dtype=dt, max_pages_per_call=swap_pages_per_call)
+        self.host_pool = (
+            None
+            if num_host_pages == 0
+            else kv_swap.HostKVPool(
+                num_host_pages,
+                num_device_pages=num_pages,
+                num_layers=cfg.num_layers,
+                num_kv_heads=cfg.num_kv_heads,
+                page_size=page_size,
+                head_dim=cfg.dim_per_head,
+                dtype=dt,
+                max_pages_per_call=swap_pages_per_call,
+            )
+        )
         self.compiles = CompileCounter()  # programs this runner's calls compiled (warmup included)
         self.last_host_s = 0.0
         self.last_device_s = 0.0
@@ -103,8 +125,9 @@ class ModelRunner:
 
     def _run(self, inp: StepInput):
         with self.compiles.counting():
-            tokens, self.kv_caches = _step(self.params, self.kv_caches, inp, graphdef=self.graphdef,
-                                           backend=self.backend, interpret=self.interpret)
+            tokens, self.kv_caches = _step(
+                self.params, self.kv_caches, inp, graphdef=self.graphdef, backend=self.backend, interpret=self.interpret
+            )
         return tokens
 
     def _reset_swap_stats(self) -> None:
@@ -117,8 +140,9 @@ class ModelRunner:
         t0 = time.perf_counter()
         b = self.buckets
         for T in b.token_buckets:
-            self._run(empty_step_input(T, b.slots(T), b.pages_per_seq, self.pad_page, self.page_size)
-                      ).block_until_ready()
+            self._run(
+                empty_step_input(T, b.slots(T), b.pages_per_seq, self.pad_page, self.page_size)
+            ).block_until_ready()
         if self.host_pool is not None:
             with self.compiles.counting():
                 self.kv_caches = self.host_pool.warmup(self.kv_caches)
@@ -166,5 +190,5 @@ class ModelRunner:
         self.last_host_s, self.last_device_s = t1 - t0, t2 - t1
         self.last_padded_tokens = inp.token_ids.shape[0]
         result = np.empty(len(order), np.int32)
-        result[order] = host_tokens[:len(order)]
+        result[order] = host_tokens[: len(order)]
         return result

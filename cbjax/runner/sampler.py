@@ -3,6 +3,7 @@
 Greedy, temperature, top-k and top-p. Each slot's randomness comes from (request seed, index of the token being
 sampled) alone, so the same seed and prompt give the same tokens whatever else shares the batch.
 """
+
 import jax
 import jax.numpy as jnp
 

@@ -6,6 +6,7 @@ tokens) and the page-table width W covers max_model_len. Attention work follows 
 (kernels_pallas/xla_attention.py), so wider page tables cost nothing but their bytes. One compiled program per
 token bucket, all compiled at warmup.
 """
+
 import dataclasses
 import typing
 
@@ -50,8 +51,9 @@ class BucketTable:
     pages_per_seq: int  # W
 
     @classmethod
-    def build(cls, max_num_batched_tokens: int, max_model_len: int, page_size: int, max_num_seqs: int,
-              min_tokens: int = 16) -> "BucketTable":
+    def build(
+        cls, max_num_batched_tokens: int, max_model_len: int, page_size: int, max_num_seqs: int, min_tokens: int = 16
+    ) -> "BucketTable":
         tokens = token_buckets(min(min_tokens, max_num_batched_tokens), max_num_batched_tokens)
         return cls(tuple(tokens), max_num_seqs, page_size, -(-max_model_len // page_size))
 
@@ -68,12 +70,20 @@ class BucketTable:
 def empty_step_input(T: int, S: int, W: int, pad_page: int, page_size: int) -> StepInput:
     """All-padding input of the given shape (also the base that pack_step fills in)."""
     return StepInput(
-        token_ids=np.zeros(T, np.int32), positions=np.zeros(T, np.int32),
-        slot_mapping=np.full(T, pad_page * page_size, np.int32), kv_lens=np.zeros(S, np.int32),
-        page_indices=np.full((S, W), pad_page, np.int32), cu_q_lens=np.zeros(S + 1, np.int32),
-        num_seqs=np.zeros(1, np.int32), sample_idx=np.zeros(S, np.int32), temperature=np.zeros(S, np.float32),
-        top_k=np.zeros(S, np.int32), top_p=np.ones(S, np.float32), seeds=np.zeros(S, np.uint32),
-        counters=np.zeros(S, np.int32))
+        token_ids=np.zeros(T, np.int32),
+        positions=np.zeros(T, np.int32),
+        slot_mapping=np.full(T, pad_page * page_size, np.int32),
+        kv_lens=np.zeros(S, np.int32),
+        page_indices=np.full((S, W), pad_page, np.int32),
+        cu_q_lens=np.zeros(S + 1, np.int32),
+        num_seqs=np.zeros(1, np.int32),
+        sample_idx=np.zeros(S, np.int32),
+        temperature=np.zeros(S, np.float32),
+        top_k=np.zeros(S, np.int32),
+        top_p=np.ones(S, np.float32),
+        seeds=np.zeros(S, np.uint32),
+        counters=np.zeros(S, np.int32),
+    )
 
 
 def pack_step(out: SchedulerOutput, buckets: BucketTable, pad_page: int) -> tuple[StepInput, list[int]]:
@@ -90,15 +100,15 @@ def pack_step(out: SchedulerOutput, buckets: BucketTable, pad_page: int) -> tupl
         s = seqs[j]
         r = s.request
         c, k = s.num_computed_tokens, s.num_new_tokens
-        tok[off:off + k] = r.all_token_ids[c:c + k]
+        tok[off : off + k] = r.all_token_ids[c : c + k]
         if k == 1:
             pos[off] = c
             slot[off] = r.pages[c // G] * G + c % G
         else:
             p = np.arange(c, c + k, dtype=np.int32)
-            pos[off:off + k] = p
-            slot[off:off + k] = np.asarray(r.pages, np.int32)[p // G] * G + p % G
-        pt[i, :len(r.pages)] = r.pages
+            pos[off : off + k] = p
+            slot[off : off + k] = np.asarray(r.pages, np.int32)[p // G] * G + p % G
+        pt[i, : len(r.pages)] = r.pages
         off += k
         inp.kv_lens[i] = c + k
         inp.cu_q_lens[i + 1] = off
@@ -109,6 +119,6 @@ def pack_step(out: SchedulerOutput, buckets: BucketTable, pad_page: int) -> tupl
         inp.top_p[i] = sp.top_p
         inp.seeds[i] = r.seed
         inp.counters[i] = len(r.output_token_ids)
-    inp.cu_q_lens[len(seqs) + 1:] = off
+    inp.cu_q_lens[len(seqs) + 1 :] = off
     inp.num_seqs[0] = len(seqs)
     return inp, order

@@ -7,6 +7,7 @@ prefix-cache hit on the wrong page: each changes what is read back, so the token
 applies `next_token` to the true context. Writes into a page another sequence also holds are refused outright:
 shared (prefix-cached) pages are read-only.
 """
+
 from cbjax.core.scheduler import Scheduler, SchedulerOutput
 
 
@@ -17,8 +18,7 @@ def next_token(context: tuple, vocab_size: int) -> int:
     return h % vocab_size
 
 
-def reference(prompt: list[int], max_tokens: int, vocab_size: int, eos: int | None,
-              max_model_len: int) -> list[int]:
+def reference(prompt: list[int], max_tokens: int, vocab_size: int, eos: int | None, max_model_len: int) -> list[int]:
     """The tokens a correct engine generates for `prompt` (greedy; stops on eos, max_tokens or max_model_len)."""
     ctx, out = list(prompt), []
     while True:
@@ -63,7 +63,8 @@ class FakeRunner:
             for pos in range(c, c + k):
                 page = r.pages[pos // G]
                 assert self.sched.pool.refcount(page) == 1 and holders[page] == 1, (
-                    f"{r.request_id} writes position {pos} into shared page {page}")
+                    f"{r.request_id} writes position {pos} into shared page {page}"
+                )
                 self.kv[page, pos % G] = (r.all_token_ids[pos], pos)
         tokens = []
         for seq in out.seqs:

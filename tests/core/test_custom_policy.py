@@ -1,10 +1,10 @@
 """The "Writing a policy" example of docs/policies.md: a user policy registered by name works end to end."""
+
 import pytest
 
 from cbjax.core import Request, SamplingParams, Scheduler, SchedulerConfig, VirtualClock
 from cbjax.core.policies import POLICIES, FCFSPolicy, make_policy
 from cbjax.core.policy import Policy, by_admission
-
 from tests.core.test_policy_invariants import Case, run_case
 
 
@@ -25,8 +25,17 @@ def registered():
 
 
 def test_a_registered_policy_orders_admission(registered):
-    s = Scheduler(SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=64, page_size=4, num_pages=32,
-                                  max_model_len=64, policy="longest_prompt_first"), VirtualClock())
+    s = Scheduler(
+        SchedulerConfig(
+            max_num_seqs=1,
+            max_num_batched_tokens=64,
+            page_size=4,
+            num_pages=32,
+            max_model_len=64,
+            policy="longest_prompt_first",
+        ),
+        VirtualClock(),
+    )
     for i, n in enumerate([3, 9, 5]):
         s.add(Request(f"r{n}", [5] * n, SamplingParams(max_tokens=1), 0.0, 0, i))
     order = []
@@ -38,9 +47,17 @@ def test_a_registered_policy_orders_admission(registered):
 
 
 def test_a_registered_policy_keeps_the_invariants(registered):
-    cfg = SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=8, page_size=4, num_pages=10, max_model_len=32,
-                          policy="longest_prompt_first", preemption_mode="swap", num_host_pages=6,
-                          enable_prefix_caching=True)
+    cfg = SchedulerConfig(
+        max_num_seqs=3,
+        max_num_batched_tokens=8,
+        page_size=4,
+        num_pages=10,
+        max_model_len=32,
+        policy="longest_prompt_first",
+        preemption_mode="swap",
+        num_host_pages=6,
+        enable_prefix_caching=True,
+    )
     reqs = [(i % 3, [1 + i % 4] * (4 + (3 * i) % 17), 10, 0, "a", None, None) for i in range(8)]
     run_case(Case(cfg, {}, reqs))
 
@@ -66,8 +83,15 @@ class MostRecentEviction(FCFSPolicy):
 def test_the_eviction_hook_is_used_and_keeps_the_invariants():
     POLICIES[MostRecentEviction.name] = MostRecentEviction
     try:
-        cfg = SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=8, page_size=2, num_pages=12,
-                              max_model_len=20, policy="mru_eviction", enable_prefix_caching=True)
+        cfg = SchedulerConfig(
+            max_num_seqs=2,
+            max_num_batched_tokens=8,
+            page_size=2,
+            num_pages=12,
+            max_model_len=20,
+            policy="mru_eviction",
+            enable_prefix_caching=True,
+        )
         # Distinct prompts through a small pool: every admission past the first few evicts cached pages.
         reqs = [(i, [1 + i] * 6 + [2] * i, 4, 0, "a", None, None) for i in range(8)]
         run_case(Case(cfg, {}, reqs))

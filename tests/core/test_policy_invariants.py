@@ -5,6 +5,7 @@ Driven by tests/core/fake_runner.py, whose tokens depend on the KV content read 
 and host pool consistent, each page's refcount equals the number of sequences holding it, slot and token limits
 kept. At the end: every request finished with exactly the reference tokens (or was aborted), nothing leaked.
 """
+
 import dataclasses
 
 from hypothesis import HealthCheck, given, settings
@@ -15,7 +16,6 @@ from cbjax.core.policies import POLICIES
 from cbjax.core.policy import VICTIMS
 from cbjax.core.request import RequestStatus
 from cbjax.core.scheduler import pages_for
-
 from tests.core.fake_runner import FakeRunner, reference
 
 VOCAB = 40
@@ -37,11 +37,18 @@ def cases(draw):
     mode = draw(st.sampled_from(["recompute", "swap"]))
     policy = draw(st.sampled_from(sorted(POLICIES)))
     config = SchedulerConfig(
-        max_num_seqs=draw(st.integers(1, 6)), max_num_batched_tokens=draw(st.sampled_from([4, 8, 16, 64])),
-        page_size=G, num_pages=num_pages, max_model_len=max_model_len, policy=policy,
-        enable_chunked_prefill=draw(st.booleans()), watermark_pages=draw(st.integers(0, 2)),
-        preemption_mode=mode, num_host_pages=draw(st.integers(0, 3 * num_pages)) if mode == "swap" else 0,
-        enable_prefix_caching=draw(st.booleans()))
+        max_num_seqs=draw(st.integers(1, 6)),
+        max_num_batched_tokens=draw(st.sampled_from([4, 8, 16, 64])),
+        page_size=G,
+        num_pages=num_pages,
+        max_model_len=max_model_len,
+        policy=policy,
+        enable_chunked_prefill=draw(st.booleans()),
+        watermark_pages=draw(st.integers(0, 2)),
+        preemption_mode=mode,
+        num_host_pages=draw(st.integers(0, 3 * num_pages)) if mode == "swap" else 0,
+        enable_prefix_caching=draw(st.booleans()),
+    )
     options = {"victim": draw(st.sampled_from(sorted(VICTIMS)))}
     if policy == "sarathi":
         options["chunk_size"] = draw(st.sampled_from([None, 3, 8]))
@@ -54,17 +61,28 @@ def cases(draw):
     # Prompts built from a few shared prefixes, so prefix-cache hits (full and partial) happen.
     # Page-aligned prefixes, and prompts that are just a prefix, make whole-prompt hits (the last page must still
     # be computed, never shared).
-    prefixes = [draw(st.lists(st.integers(1, VOCAB - 1), min_size=n, max_size=n))
-                for n in draw(st.lists(st.sampled_from([G, 2 * G, 3]), min_size=1, max_size=2))]
+    prefixes = [
+        draw(st.lists(st.integers(1, VOCAB - 1), min_size=n, max_size=n))
+        for n in draw(st.lists(st.sampled_from([G, 2 * G, 3]), min_size=1, max_size=2))
+    ]
     requests = []
-    for i in range(draw(st.integers(1, 10))):
-        prompt = (draw(st.sampled_from(prefixes))
-                  + draw(st.lists(st.integers(1, VOCAB - 1), min_size=0, max_size=max_model_len // 2)))
-        prompt = prompt[:max_model_len - 1]
+    for _i in range(draw(st.integers(1, 10))):
+        prompt = draw(st.sampled_from(prefixes)) + draw(
+            st.lists(st.integers(1, VOCAB - 1), min_size=0, max_size=max_model_len // 2)
+        )
+        prompt = prompt[: max_model_len - 1]
         max_tokens = draw(st.integers(1, max_model_len - len(prompt)))
-        requests.append((draw(st.integers(0, 12)), prompt, max_tokens, draw(st.integers(0, 2)),
-                         draw(st.sampled_from(["a", "b", "c"])), draw(st.none() | st.floats(0.0, 0.05)),
-                         draw(st.none() | st.integers(0, 30)) if draw(st.integers(0, 5)) == 0 else None))
+        requests.append(
+            (
+                draw(st.integers(0, 12)),
+                prompt,
+                max_tokens,
+                draw(st.integers(0, 2)),
+                draw(st.sampled_from(["a", "b", "c"])),
+                draw(st.none() | st.floats(0.0, 0.05)),
+                draw(st.none() | st.integers(0, 30)) if draw(st.integers(0, 5)) == 0 else None,
+            )
+        )
     return Case(config, options, requests)
 
 
@@ -101,9 +119,17 @@ def run_case(case: Case) -> None:
     while pending or s.has_unfinished():
         while pending and pending[0][1][0] <= step:
             i, (_, prompt, max_tokens, prio, tenant, slack, abort_at) = pending.pop(0)
-            r = Request(f"r{i}", prompt, SamplingParams(max_tokens=max_tokens), clock.now(), seed=0,
-                        arrival_order=i, priority=prio, tenant=tenant,
-                        deadline=None if slack is None else clock.now() + slack)
+            r = Request(
+                f"r{i}",
+                prompt,
+                SamplingParams(max_tokens=max_tokens),
+                clock.now(),
+                seed=0,
+                arrival_order=i,
+                priority=prio,
+                tenant=tenant,
+                deadline=None if slack is None else clock.now() + slack,
+            )
             assert s.can_ever_fit(len(prompt) + max_tokens)
             s.add(r)
             reqs[r.request_id] = (r, abort_at)
@@ -122,7 +148,7 @@ def run_case(case: Case) -> None:
         assert r.is_finished
         if r.finish_reason.value == "abort":
             assert abort_at is not None
-            assert r.output_token_ids == expected[rid][:len(r.output_token_ids)]
+            assert r.output_token_ids == expected[rid][: len(r.output_token_ids)]
         else:
             assert r.output_token_ids == expected[rid], rid
     assert s.pool.num_free == case.config.num_pages
@@ -141,8 +167,15 @@ def test_every_policy_finishes_everything_with_reference_tokens(case):
 def test_swap_and_recompute_both_move_work_under_a_tight_pool():
     # Four sequences growing to 24 tokens in a pool of 12 pages of 4: preemption is certain.
     for mode, host in (("recompute", 0), ("swap", 64)):
-        cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, page_size=4, num_pages=12,
-                              max_model_len=32, preemption_mode=mode, num_host_pages=host)
+        cfg = SchedulerConfig(
+            max_num_seqs=4,
+            max_num_batched_tokens=64,
+            page_size=4,
+            num_pages=12,
+            max_model_len=32,
+            preemption_mode=mode,
+            num_host_pages=host,
+        )
         reqs = [(0, list(range(1 + i, 9 + i)), 16, 0, "a", None, None) for i in range(4)]
         case = Case(cfg, {}, reqs)
         run_case(case)

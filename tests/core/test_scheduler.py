@@ -1,4 +1,5 @@
 """The scheduler alone, driven by a fake runner that 'samples' a fixed token (pure Python, no model)."""
+
 import random
 
 import pytest
@@ -8,8 +9,14 @@ from cbjax.core.request import RequestStatus
 
 
 def make(n_prompt, max_tokens, rid, order=0):
-    return Request(rid, list(range(3, 3 + n_prompt)), SamplingParams(max_tokens=max_tokens, ignore_eos=True), 0.0,
-                   seed=0, arrival_order=order)
+    return Request(
+        rid,
+        list(range(3, 3 + n_prompt)),
+        SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        0.0,
+        seed=0,
+        arrival_order=order,
+    )
 
 
 def run_step(s: Scheduler, token=7):
@@ -20,8 +27,10 @@ def run_step(s: Scheduler, token=7):
 
 
 def test_chunked_prefill_splits_long_prompt_over_steps():
-    s = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=32, page_size=8, num_pages=64,
-                                  max_model_len=256), VirtualClock())
+    s = Scheduler(
+        SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=32, page_size=8, num_pages=64, max_model_len=256),
+        VirtualClock(),
+    )
     r = make(70, 2, "a")
     s.add(r)
     chunks = []
@@ -34,8 +43,10 @@ def test_chunked_prefill_splits_long_prompt_over_steps():
 
 
 def test_finished_sequence_frees_its_slot_for_the_next_step():
-    s = Scheduler(SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=64, page_size=8, num_pages=64,
-                                  max_model_len=256), VirtualClock())
+    s = Scheduler(
+        SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=64, page_size=8, num_pages=64, max_model_len=256),
+        VirtualClock(),
+    )
     a, b, c = make(4, 1, "a", 0), make(4, 5, "b", 1), make(4, 3, "c", 2)
     for r in (a, b, c):
         s.add(r)
@@ -48,8 +59,12 @@ def test_finished_sequence_frees_its_slot_for_the_next_step():
 
 
 def test_static_batch_admits_nothing_until_all_finished():
-    s = Scheduler(SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=64, page_size=8, num_pages=64,
-                                  max_model_len=256, policy="static"), VirtualClock())
+    s = Scheduler(
+        SchedulerConfig(
+            max_num_seqs=2, max_num_batched_tokens=64, page_size=8, num_pages=64, max_model_len=256, policy="static"
+        ),
+        VirtualClock(),
+    )
     a, b, c = make(4, 1, "a", 0), make(4, 4, "b", 1), make(4, 1, "c", 2)
     for r in (a, b, c):
         s.add(r)
@@ -60,8 +75,12 @@ def test_static_batch_admits_nothing_until_all_finished():
 
 
 def test_static_batch_spreads_prefill_of_whole_batch_over_steps():
-    s = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16, page_size=8, num_pages=64,
-                                  max_model_len=256, policy="static"), VirtualClock())
+    s = Scheduler(
+        SchedulerConfig(
+            max_num_seqs=4, max_num_batched_tokens=16, page_size=8, num_pages=64, max_model_len=256, policy="static"
+        ),
+        VirtualClock(),
+    )
     reqs = [make(10, 2, str(i), i) for i in range(4)]
     for r in reqs:
         s.add(r)
@@ -71,8 +90,10 @@ def test_static_batch_spreads_prefill_of_whole_batch_over_steps():
 
 def test_preemption_picks_last_admitted_and_requeues_it_first():
     # 6 pages of 4 tokens; two sequences of 8-token prompts growing to 14 tokens cannot both fit.
-    s = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, page_size=4, num_pages=6,
-                                  max_model_len=64), VirtualClock())
+    s = Scheduler(
+        SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, page_size=4, num_pages=6, max_model_len=64),
+        VirtualClock(),
+    )
     a, b = make(8, 6, "a", 0), make(8, 6, "b", 1)
     s.add(a)
     s.add(b)
@@ -88,9 +109,14 @@ def test_preemption_picks_last_admitted_and_requeues_it_first():
 def test_random_workloads_always_finish_without_leaks():
     rng = random.Random(0)
     for trial in range(20):
-        cfg = SchedulerConfig(max_num_seqs=rng.randint(1, 6), max_num_batched_tokens=rng.choice([8, 16, 64]),
-                              page_size=rng.choice([2, 4, 8]), num_pages=rng.randint(12, 40), max_model_len=48,
-                              policy=rng.choice(["fcfs", "static"]))
+        cfg = SchedulerConfig(
+            max_num_seqs=rng.randint(1, 6),
+            max_num_batched_tokens=rng.choice([8, 16, 64]),
+            page_size=rng.choice([2, 4, 8]),
+            num_pages=rng.randint(12, 40),
+            max_model_len=48,
+            policy=rng.choice(["fcfs", "static"]),
+        )
         s = Scheduler(cfg, VirtualClock())
         reqs = []
         for i in range(rng.randint(1, 12)):
@@ -121,8 +147,18 @@ def test_unknown_policy_is_a_clear_error():
 
 def test_static_batch_timeout_waits_for_full_batch_or_timeout():
     clock = VirtualClock()
-    s = Scheduler(SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=64, page_size=8, num_pages=64,
-                                  max_model_len=256, policy="static", static_batch_timeout_s=1.0), clock)
+    s = Scheduler(
+        SchedulerConfig(
+            max_num_seqs=3,
+            max_num_batched_tokens=64,
+            page_size=8,
+            num_pages=64,
+            max_model_len=256,
+            policy="static",
+            static_batch_timeout_s=1.0,
+        ),
+        clock,
+    )
     s.add(make(4, 1, "a", 0))
     assert s.schedule().is_empty  # one of three, not timed out
     clock.advance(0.5)

@@ -22,8 +22,7 @@ _S = jax.ShapeDtypeStruct
 K, P, G, H, GQA, SLOTS, PAGES_PER_SEQ, TOKENS = 2, 64, 16, 128, 4, 8, 8, 64
 
 # Where each variant must end up, and the custom call that carries the kernel.
-TARGETS = {"tpu": ("tpu", "tpu_custom_call"),
-           "gpu": ("cuda", "__gpu$xla.gpu.triton")}
+TARGETS = {"tpu": ("tpu", "tpu_custom_call"), "gpu": ("cuda", "__gpu$xla.gpu.triton")}
 OPTIONS = {
     "plain": {},
     "window_softcap": dict(sliding_window=48, soft_cap=30.0),
@@ -31,30 +30,37 @@ OPTIONS = {
 
 
 def _decode_args(dtype):
-  kv = _S((K, P, G, H), dtype)
-  return (_S((SLOTS, K * GQA, H), dtype), kv, kv, _S((SLOTS,), jnp.int32),
-          _S((SLOTS, PAGES_PER_SEQ), jnp.int32))
+    kv = _S((K, P, G, H), dtype)
+    return (_S((SLOTS, K * GQA, H), dtype), kv, kv, _S((SLOTS,), jnp.int32), _S((SLOTS, PAGES_PER_SEQ), jnp.int32))
 
 
 def _ragged_args(dtype):
-  kv = _S((K, P, G, H), dtype)
-  return (_S((TOKENS, K * GQA, H), dtype), kv, kv, _S((SLOTS,), jnp.int32),
-          _S((SLOTS, PAGES_PER_SEQ), jnp.int32), _S((SLOTS + 1,), jnp.int32),
-          _S((1,), jnp.int32))
+    kv = _S((K, P, G, H), dtype)
+    return (
+        _S((TOKENS, K * GQA, H), dtype),
+        kv,
+        kv,
+        _S((SLOTS,), jnp.int32),
+        _S((SLOTS, PAGES_PER_SEQ), jnp.int32),
+        _S((SLOTS + 1,), jnp.int32),
+        _S((1,), jnp.int32),
+    )
 
 
 @pytest.mark.parametrize("options", OPTIONS, ids=str)
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32],
-                         ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("variant", TARGETS)
-@pytest.mark.parametrize("op, make_args", [
-    (paged_attention, _decode_args),
-    (ragged_paged_attention, _ragged_args),
-], ids=["decode", "ragged"])
+@pytest.mark.parametrize(
+    "op, make_args",
+    [
+        (paged_attention, _decode_args),
+        (ragged_paged_attention, _ragged_args),
+    ],
+    ids=["decode", "ragged"],
+)
 def test_lowers_for_its_platform(op, make_args, variant, dtype, options):
-  lowering_platform, custom_call = TARGETS[variant]
-  fn = jax.jit(functools.partial(op, platform=variant, **OPTIONS[options]))
-  text = fn.trace(*make_args(dtype)).lower(
-      lowering_platforms=(lowering_platform,)).as_text()
-  # Exactly one launch of the real kernel: no interpreter loop, no fallback.
-  assert text.count(f"custom_call @{custom_call}(") == 1
+    lowering_platform, custom_call = TARGETS[variant]
+    fn = jax.jit(functools.partial(op, platform=variant, **OPTIONS[options]))
+    text = fn.trace(*make_args(dtype)).lower(lowering_platforms=(lowering_platform,)).as_text()
+    # Exactly one launch of the real kernel: no interpreter loop, no fallback.
+    assert text.count(f"custom_call @{custom_call}(") == 1

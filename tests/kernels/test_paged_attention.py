@@ -9,107 +9,75 @@ the compiled kernel (only runtime arrays change), which is where the edge
 lengths, shuffled pages and NaN poisoning are covered.
 """
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels_pallas.paged_attention import (paged_attention,
-                                            reference_paged_attention)
-from kv_cache_builder import (INTERPRET, NUM_KV_HEADS, PAGES_PER_SEQ,
-                              TOLERANCE, build_paged_kv)
+from kernels_pallas.paged_attention import paged_attention, reference_paged_attention
+from tests.kernels.kv_cache_builder import (
+    INTERPRET,
+    PAGES_PER_SEQ,
+    SHAPES,
+    TOLERANCE,
+    KernelConfig,
+    check_against_reference,
+    make_cache_and_queries,
+)
+
+_reference = jax.jit(reference_paged_attention, static_argnames=("sm_scale", "soft_cap", "sliding_window"))
 
 
-_reference = jax.jit(reference_paged_attention,
-                     static_argnames=("sm_scale", "soft_cap", "sliding_window"))
-
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-  page_size: int
-  gqa: int  # query heads per kv head
-  head_dim: int
-  dtype: type
-  sliding_window: int | None = None
-  soft_cap: float | None = None
-  block_kv: int = 16  # GPU tile; small so that tests see several tiles
-  num_splits: int | None = None
-
-  def __str__(self):
-    return (f"G{self.page_size}-r{self.gqa}-H{self.head_dim}-"
-            f"{jnp.dtype(self.dtype).name}-w{self.sliding_window}-"
-            f"c{self.soft_cap}-kv{self.block_kv}-s{self.num_splits}")
-
-
+# GPU tile of 16 tokens, small so that tests see several tiles; one config takes 64.
 CONFIGS = [
-    Config(8, 1, 64, jnp.float32),
-    Config(8, 4, 128, jnp.bfloat16, sliding_window=11),
-    Config(8, 8, 64, jnp.float32, soft_cap=20.0, block_kv=64),
-    Config(16, 1, 128, jnp.bfloat16),
-    Config(16, 4, 64, jnp.float32, sliding_window=17, soft_cap=5.0),
-    Config(16, 8, 128, jnp.bfloat16, num_splits=3),
-    Config(32, 1, 64, jnp.bfloat16, soft_cap=30.0),
-    Config(32, 4, 128, jnp.float32),
-    Config(32, 8, 64, jnp.float32, sliding_window=40),
+    KernelConfig(**{"block_kv": 16, **shape, **({"block_kv": 64} if i == 2 else {})}) for i, shape in enumerate(SHAPES)
 ]
 
 
 def _scenarios(page_size):
-  """Batches of kv_lens with one compiled shape (B = 6)."""
-  g, top = page_size, PAGES_PER_SEQ * page_size
-  rng = np.random.default_rng(page_size)
-  return {
-      "edges": [0, 1, g - 1, g, g + 1, top],
-      "random": list(rng.integers(0, top + 1, 6)),
-      "all_empty": [0] * 6,
-  }
+    """Batches of kv_lens with one compiled shape (B = 6)."""
+    g, top = page_size, PAGES_PER_SEQ * page_size
+    rng = np.random.default_rng(page_size)
+    return {
+        "edges": [0, 1, g - 1, g, g + 1, top],
+        "random": list(rng.integers(0, top + 1, 6)),
+        "all_empty": [0] * 6,
+    }
 
 
 def _run(config, platform, kv_lens, seed, interpret=None):
-  rng = np.random.default_rng(seed)
-  interpret = INTERPRET[platform] if interpret is None else interpret
-  cache = build_paged_kv(rng, kv_lens, num_kv_heads=NUM_KV_HEADS,
-                         page_size=config.page_size, head_dim=config.head_dim,
-                         pages_per_seq=PAGES_PER_SEQ, dtype=config.dtype)
-  q = jnp.asarray(rng.standard_normal(
-      (len(kv_lens), NUM_KV_HEADS * config.gqa, config.head_dim)),
-                  config.dtype)
-  args = (q, cache.k_pages, cache.v_pages, cache.kv_lens, cache.page_indices)
-  options = dict(soft_cap=config.soft_cap,
-                 sliding_window=config.sliding_window)
-  out = paged_attention(*args, **options, interpret=interpret,
-                        platform=platform, block_kv=config.block_kv,
-                        num_splits=config.num_splits)
-  return out, _reference(*args, **options)
+    rng = np.random.default_rng(seed)
+    interpret = INTERPRET[platform] if interpret is None else interpret
+    cache, q = make_cache_and_queries(config, kv_lens, len(kv_lens), rng)
+    args = (q, cache.k_pages, cache.v_pages, cache.kv_lens, cache.page_indices)
+    out = paged_attention(
+        *args,
+        **config.options,
+        interpret=interpret,
+        platform=platform,
+        block_kv=config.block_kv,
+        num_splits=config.num_splits,
+    )
+    return out, _reference(*args, **config.options)
 
 
 @pytest.mark.parametrize("platform", ["tpu", "gpu"])
 @pytest.mark.parametrize("config", CONFIGS, ids=str)
 def test_kernel_matches_reference(config, platform):
-  for seed, (name, kv_lens) in enumerate(_scenarios(config.page_size).items()):
-    out, ref = _run(config, platform, kv_lens, seed)
-    assert out.dtype == config.dtype and out.shape == ref.shape
-    out = np.asarray(out, np.float32)
-    ref = np.asarray(ref, np.float32)
-    assert np.isfinite(out).all(), f"{name}: NaN/inf leaked from padding"
-    empty = np.asarray(kv_lens) == 0
-    assert (out[empty] == 0).all(), f"{name}: empty slots must be zeros"
-    tol = TOLERANCE[config.dtype]
-    np.testing.assert_allclose(out, ref, atol=tol, rtol=tol,
-                               err_msg=f"scenario {name}, kv_lens {kv_lens}")
+    for seed, (name, kv_lens) in enumerate(_scenarios(config.page_size).items()):
+        out, ref = _run(config, platform, kv_lens, seed)
+        empty = np.asarray(kv_lens) == 0
+        check_against_reference(out, ref, config, empty, f"scenario {name}, kv_lens {kv_lens}")
 
 
 def test_generic_interpreter_runs_tpu_variant():
-  # interpret=True (the generic interpreter) is the documented CPU mode.
-  config = CONFIGS[1]
-  kv_lens = _scenarios(config.page_size)["edges"]
-  out, ref = _run(config, "tpu", kv_lens, seed=3, interpret=True)
-  tol = TOLERANCE[config.dtype]
-  np.testing.assert_allclose(np.asarray(out, np.float32),
-                             np.asarray(ref, np.float32), atol=tol, rtol=tol)
+    # interpret=True (the generic interpreter) is the documented CPU mode.
+    config = CONFIGS[1]
+    kv_lens = _scenarios(config.page_size)["edges"]
+    out, ref = _run(config, "tpu", kv_lens, seed=3, interpret=True)
+    tol = TOLERANCE[config.dtype]
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), atol=tol, rtol=tol)
 
 
 # ----------------------------------------------------------------------------
@@ -117,67 +85,67 @@ def test_generic_interpreter_runs_tpu_variant():
 
 
 def _args(B=2, N=4, H=16, K=2, P=6, G=8, pages_per_seq=3, dtype=jnp.float32):
-  return dict(
-      q=jnp.zeros((B, N, H), dtype),
-      k_pages=jnp.zeros((K, P, G, H), dtype),
-      v_pages=jnp.zeros((K, P, G, H), dtype),
-      kv_lens=jnp.zeros((B,), jnp.int32),
-      page_indices=jnp.zeros((B, pages_per_seq), jnp.int32))
+    return dict(
+        q=jnp.zeros((B, N, H), dtype),
+        k_pages=jnp.zeros((K, P, G, H), dtype),
+        v_pages=jnp.zeros((K, P, G, H), dtype),
+        kv_lens=jnp.zeros((B,), jnp.int32),
+        page_indices=jnp.zeros((B, pages_per_seq), jnp.int32),
+    )
 
 
 def _call(args, **kwargs):
-  kwargs.setdefault("interpret", True)
-  kwargs.setdefault("platform", "tpu")
-  return paged_attention(**args, **kwargs)
+    kwargs.setdefault("interpret", True)
+    kwargs.setdefault("platform", "tpu")
+    return paged_attention(**args, **kwargs)
 
 
 def _with(**changes):
-  args = _args()
-  args.update(changes)
-  return args
+    args = _args()
+    args.update(changes)
+    return args
 
 
-@pytest.mark.parametrize("args, kwargs, message", [
-    (_with(q=jnp.zeros((2, 4), jnp.float32)), {}, r"q must be \[B, N, H\]"),
-    (_with(k_pages=jnp.zeros((2, 6, 8), jnp.float32)), {}, "4-D"),
-    (_with(v_pages=jnp.zeros((2, 6, 8, 32), jnp.float32)), {},
-     "v_pages shape"),
-    (_with(q=jnp.zeros((2, 4, 16), jnp.bfloat16)), {}, "share one dtype"),
-    (_with(q=jnp.zeros((2, 3, 16), jnp.float32)), {}, "multiple of kv heads"),
-    (_with(q=jnp.zeros((2, 4, 32), jnp.float32)), {}, "head dim"),
-    (_with(kv_lens=jnp.zeros((2,), jnp.float32)), {}, "kv_lens must be int32"),
-    (_with(kv_lens=jnp.zeros((3,), jnp.int32)), {}, "kv_lens must have shape"),
-    (_with(page_indices=jnp.zeros((3, 3), jnp.int32)), {},
-     r"page_indices must be \[B=2"),
-    (_with(page_indices=jnp.zeros((2, 3), jnp.uint32)), {},
-     "page_indices must be int32"),
-    (_args(), dict(sliding_window=0), "sliding_window"),
-    (_args(), dict(soft_cap=-1.0), "soft_cap"),
-    (_args(), dict(sm_scale=0.0), "sm_scale"),
-    (_args(), dict(platform="npu"), "platform must be one of"),
-    (_args(G=12), dict(platform="gpu"), "power-of-two page size"),
-    (_args(H=24), dict(platform="gpu"), "power-of-two head dim"),
-    (_args(), dict(platform="gpu", block_kv=8), "block_kv"),
-    (_args(), dict(platform="gpu", num_splits=0), "num_splits"),
-    (_args(), dict(platform="gpu", interpret=pltpu.InterpretParams()),
-     "only applies to the TPU variant"),
-], ids=lambda x: x if isinstance(x, str) else None)
+@pytest.mark.parametrize(
+    "args, kwargs, message",
+    [
+        (_with(q=jnp.zeros((2, 4), jnp.float32)), {}, r"q must be \[B, N, H\]"),
+        (_with(k_pages=jnp.zeros((2, 6, 8), jnp.float32)), {}, "4-D"),
+        (_with(v_pages=jnp.zeros((2, 6, 8, 32), jnp.float32)), {}, "v_pages shape"),
+        (_with(q=jnp.zeros((2, 4, 16), jnp.bfloat16)), {}, "share one dtype"),
+        (_with(q=jnp.zeros((2, 3, 16), jnp.float32)), {}, "multiple of kv heads"),
+        (_with(q=jnp.zeros((2, 4, 32), jnp.float32)), {}, "head dim"),
+        (_with(kv_lens=jnp.zeros((2,), jnp.float32)), {}, "kv_lens must be int32"),
+        (_with(kv_lens=jnp.zeros((3,), jnp.int32)), {}, "kv_lens must have shape"),
+        (_with(page_indices=jnp.zeros((3, 3), jnp.int32)), {}, r"page_indices must be \[B=2"),
+        (_with(page_indices=jnp.zeros((2, 3), jnp.uint32)), {}, "page_indices must be int32"),
+        (_args(), dict(sliding_window=0), "sliding_window"),
+        (_args(), dict(soft_cap=-1.0), "soft_cap"),
+        (_args(), dict(sm_scale=0.0), "sm_scale"),
+        (_args(), dict(platform="npu"), "platform must be one of"),
+        (_args(G=12), dict(platform="gpu"), "power-of-two page size"),
+        (_args(H=24), dict(platform="gpu"), "power-of-two head dim"),
+        (_args(), dict(platform="gpu", block_kv=8), "block_kv"),
+        (_args(), dict(platform="gpu", num_splits=0), "num_splits"),
+        (_args(), dict(platform="gpu", interpret=pltpu.InterpretParams()), "only applies to the TPU variant"),
+    ],
+    ids=lambda x: x if isinstance(x, str) else None,
+)
 def test_validation_errors(args, kwargs, message):
-  with pytest.raises(ValueError, match=message):
-    _call(args, **kwargs)
+    with pytest.raises(ValueError, match=message):
+        _call(args, **kwargs)
 
 
 def test_cpu_interpret_defaults_to_tpu_variant():
-  if jax.default_backend() != "cpu":
-    pytest.skip("only meaningful where the default backend is CPU")
-  jaxpr = jax.make_jaxpr(
-      lambda *a: paged_attention(*a, interpret=True))(*_args().values())
-  assert "paged_attention_tpu" in str(jaxpr)
-  assert "paged_attention_gpu" not in str(jaxpr)
+    if jax.default_backend() != "cpu":
+        pytest.skip("only meaningful where the default backend is CPU")
+    jaxpr = jax.make_jaxpr(lambda *a: paged_attention(*a, interpret=True))(*_args().values())
+    assert "paged_attention_tpu" in str(jaxpr)
+    assert "paged_attention_gpu" not in str(jaxpr)
 
 
 def test_cpu_without_interpret_is_refused():
-  if jax.default_backend() != "cpu":
-    pytest.skip("only meaningful where the default backend is CPU")
-  with pytest.raises(ValueError, match="do not run compiled on CPU"):
-    paged_attention(**_args())
+    if jax.default_backend() != "cpu":
+        pytest.skip("only meaningful where the default backend is CPU")
+    with pytest.raises(ValueError, match="do not run compiled on CPU"):
+        paged_attention(**_args())

@@ -1,4 +1,5 @@
 """orbax round trips: model parameters, and a training state (params + optax state + step) that resumes exactly."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,8 +36,11 @@ def test_params_round_trip_into_config_and_into_model(tmp_path):
 
 def test_restore_into_a_model_of_another_shape_is_refused(tmp_path):
     save_params(str(tmp_path / "p"), init_model(CFG, seed=1))
-    with pytest.raises(ValueError, match=r"cannot restore parameters for this model: embed\.embedding is "
-                                         r"\(128, 64\) in the checkpoint, \(128, 32\) in the model"):
+    with pytest.raises(
+        ValueError,
+        match=r"cannot restore parameters for this model: embed\.embedding is "
+        r"\(128, 64\) in the checkpoint, \(128, 32\) in the model",
+    ):
         restore_params(str(tmp_path / "p"), CFG.replace(hidden_size=32))
     with pytest.raises(ValueError, match="no such checkpoint directory"):
         restore_params(str(tmp_path / "elsewhere"), CFG)
@@ -84,6 +88,5 @@ def test_train_state_resume_continues_exactly(tmp_path):
 
 
 def test_restore_from_an_empty_directory_is_refused(tmp_path):
-    with TrainCheckpointer(str(tmp_path / "none")) as ck:
-        with pytest.raises(ValueError, match="no checkpoint"):
-            ck.restore({}, {})
+    with TrainCheckpointer(str(tmp_path / "none")) as ck, pytest.raises(ValueError, match="no checkpoint"):
+        ck.restore({}, {})

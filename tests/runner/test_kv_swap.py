@@ -1,5 +1,6 @@
 """KV swap (preemption by swap, runner side): pages round-trip device -> host -> device bitwise, nothing else moves,
 no compiles after warmup, exact byte counts, clear errors."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,15 +28,22 @@ def model():
 
 def make_runner(model, num_host_pages=HOST_PAGES, cap=CAP):
     buckets = BucketTable.build(max_num_batched_tokens=16, max_model_len=64, page_size=PAGE_SIZE, max_num_seqs=2)
-    return ModelRunner(model, num_pages=NUM_PAGES, page_size=PAGE_SIZE, buckets=buckets,
-                       num_host_pages=num_host_pages, swap_pages_per_call=cap)
+    return ModelRunner(
+        model,
+        num_pages=NUM_PAGES,
+        page_size=PAGE_SIZE,
+        buckets=buckets,
+        num_host_pages=num_host_pages,
+        swap_pages_per_call=cap,
+    )
 
 
 def fill_random(runner, seed):
     """Random (nonzero) contents in every page, so a copy that moved nothing cannot pass for one that did."""
     rng = np.random.default_rng(seed)
-    runner.kv_caches = [tuple(jnp.asarray(rng.standard_normal(k.shape).astype(k.dtype)) for k in layer)
-                        for layer in runner.kv_caches]
+    runner.kv_caches = [
+        tuple(jnp.asarray(rng.standard_normal(k.shape).astype(k.dtype)) for k in layer) for layer in runner.kv_caches
+    ]
 
 
 def snapshot(runner) -> np.ndarray:
@@ -54,8 +62,9 @@ def test_buckets():
     assert kv_swap.page_buckets(2) == (2,)
 
 
-@pytest.mark.parametrize("src", [[3], [0, 5, 9], [2, 4, 6, 8, 10], [1, 2, 3, 4, 5, 6, 7, 8, 9, 11]],
-                         ids=["1", "3", "5", "10-two-calls"])
+@pytest.mark.parametrize(
+    "src", [[3], [0, 5, 9], [2, 4, 6, 8, 10], [1, 2, 3, 4, 5, 6, 7, 8, 9, 11]], ids=["1", "3", "5", "10-two-calls"]
+)
 def test_round_trip_to_different_pages(model, src):
     runner = make_runner(model)
     fill_random(runner, 0)
@@ -160,8 +169,9 @@ def test_forward_after_swap_in_to_other_pages_matches(model):
     runner.execute(SchedulerOutput([_seq(prompt, [1, 2, 3], 0, 9, False)], 9, [], 0.0))
     runner.execute(SchedulerOutput([], 0, [], 0.0, swap_out=[(1, 4), (2, 0), (3, 7)]))
     fill_random(runner, 5)  # the device copy is gone
-    got = runner.execute(SchedulerOutput([_seq(prompt, [9, 6, 12], 9, 1, True)], 1, [], 0.0,
-                                         swap_in=[(4, 9), (0, 6), (7, 12)]))
+    got = runner.execute(
+        SchedulerOutput([_seq(prompt, [9, 6, 12], 9, 1, True)], 1, [], 0.0, swap_in=[(4, 9), (0, 6), (7, 12)])
+    )
     assert got.tolist() == want.tolist()
     assert runner.last_swap_in_bytes == 3 * runner.host_pool.bytes_per_page
 
@@ -174,20 +184,24 @@ def test_bfloat16_round_trip(model):
     assert before.dtype == jnp.bfloat16
     runner.swap([(0, 0), (1, 1), (2, 2)], [])
     runner.swap([], [(0, 10), (1, 11), (2, 12)])
-    assert np.array_equal(pages_of(snapshot(runner), [10, 11, 12]).view(np.uint16),
-                          pages_of(before, [0, 1, 2]).view(np.uint16))
+    assert np.array_equal(
+        pages_of(snapshot(runner), [10, 11, 12]).view(np.uint16), pages_of(before, [0, 1, 2]).view(np.uint16)
+    )
 
 
-@pytest.mark.parametrize("swap_out, swap_in, match", [
-    ([(NUM_PAGES, 0)], [], r"swap_out: device page indices outside \[0, 16\): \[16\]"),  # the spare page
-    ([(-1, 0)], [], r"swap_out: device page indices outside"),
-    ([(0, HOST_PAGES)], [], r"swap_out: host page indices outside \[0, 24\)"),
-    ([], [(HOST_PAGES + 3, 0)], r"swap_in: host page indices outside"),
-    ([], [(0, 99)], r"swap_in: device page indices outside"),
-    ([(0, 1), (2, 1)], [], r"swap_out: host pages written more than once: \[1\]"),
-    ([], [(0, 3), (1, 3)], r"swap_in: device pages written more than once: \[3\]"),
-    ([(0, "x")], [], r"integer pairs"),
-])
+@pytest.mark.parametrize(
+    "swap_out, swap_in, match",
+    [
+        ([(NUM_PAGES, 0)], [], r"swap_out: device page indices outside \[0, 16\): \[16\]"),  # the spare page
+        ([(-1, 0)], [], r"swap_out: device page indices outside"),
+        ([(0, HOST_PAGES)], [], r"swap_out: host page indices outside \[0, 24\)"),
+        ([], [(HOST_PAGES + 3, 0)], r"swap_in: host page indices outside"),
+        ([], [(0, 99)], r"swap_in: device page indices outside"),
+        ([(0, 1), (2, 1)], [], r"swap_out: host pages written more than once: \[1\]"),
+        ([], [(0, 3), (1, 3)], r"swap_in: device pages written more than once: \[3\]"),
+        ([(0, "x")], [], r"integer pairs"),
+    ],
+)
 def test_bad_indices_raise_and_copy_nothing(model, swap_out, swap_in, match):
     runner = make_runner(model)
     fill_random(runner, 7)

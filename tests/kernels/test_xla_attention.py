@@ -1,4 +1,5 @@
 """The XLA ragged paged attention (the CPU default backend) against a naive per-sequence dense attention."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,7 +10,7 @@ from kernels_pallas.xla_attention import xla_ragged_paged_attention
 
 def naive(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs, window=None, soft_cap=None):
     q, k_pages, v_pages = (np.asarray(x, np.float64) for x in (q, k_pages, v_pages))
-    T, N, H = q.shape
+    _T, N, H = q.shape
     K, _, G, _ = k_pages.shape
     out = np.zeros_like(q)
     for i in range(int(num_seqs[0])):
@@ -42,7 +43,7 @@ def make_case(rng, q_lens, kv_lens, K=2, N=8, H=16, G=8, extra_slots=2, extra_to
     perm = rng.permutation(P)
     page_indices = np.zeros((S, W), np.int32)
     for i, L in enumerate(kv_lens):
-        page_indices[i] = perm[i * W:(i + 1) * W]
+        page_indices[i] = perm[i * W : (i + 1) * W]
         for p in range(L):
             pg, off = page_indices[i, p // G], p % G
             k_pages[:, pg, off] = rng.standard_normal((K, H))
@@ -50,10 +51,10 @@ def make_case(rng, q_lens, kv_lens, K=2, N=8, H=16, G=8, extra_slots=2, extra_to
     T = sum(q_lens) + extra_tokens
     q = rng.standard_normal((T, N, H)).astype(np.float32)
     cu = np.zeros(S + 1, np.int32)
-    cu[1:len(q_lens) + 1] = np.cumsum(q_lens)
-    cu[len(q_lens) + 1:] = cu[len(q_lens)]
+    cu[1 : len(q_lens) + 1] = np.cumsum(q_lens)
+    cu[len(q_lens) + 1 :] = cu[len(q_lens)]
     kv = np.zeros(S, np.int32)
-    kv[:len(kv_lens)] = kv_lens
+    kv[: len(kv_lens)] = kv_lens
     return q, k_pages, v_pages, kv, page_indices, cu, np.array([len(q_lens)], np.int32)
 
 
@@ -73,9 +74,19 @@ def test_matches_naive_attention_and_ignores_nan_padding(name, window, soft_cap)
     rng = np.random.default_rng(abs(hash(name)) % 2**31)
     q_lens, kv_lens = CASES[name]
     args = make_case(rng, q_lens, kv_lens)
-    got = np.asarray(jax.jit(lambda *a: xla_ragged_paged_attention(
-        *a, sliding_window=window, soft_cap=soft_cap, slot_block=2, decode_kv_block=16, prefill_kv_block=32,
-        q_block=8))(*args))
+    got = np.asarray(
+        jax.jit(
+            lambda *a: xla_ragged_paged_attention(
+                *a,
+                sliding_window=window,
+                soft_cap=soft_cap,
+                slot_block=2,
+                decode_kv_block=16,
+                prefill_kv_block=32,
+                q_block=8,
+            )
+        )(*args)
+    )
     want = naive(*args, window=window, soft_cap=soft_cap)
     assert np.all(np.isfinite(got)), "NaN from an unused page reached the output"
     T_live = int(args[5][int(args[6][0])])
@@ -88,7 +99,8 @@ def test_bfloat16_inputs_close_to_float32():
     args = make_case(rng, [1, 1, 9], [20, 3, 9])
     q, k, v = (np.nan_to_num(x) for x in args[:3])
     f32 = np.asarray(xla_ragged_paged_attention(q, k, v, *args[3:]))
-    bf = xla_ragged_paged_attention(jnp.asarray(q, jnp.bfloat16), jnp.asarray(k, jnp.bfloat16),
-                                    jnp.asarray(v, jnp.bfloat16), *args[3:])
+    bf = xla_ragged_paged_attention(
+        jnp.asarray(q, jnp.bfloat16), jnp.asarray(k, jnp.bfloat16), jnp.asarray(v, jnp.bfloat16), *args[3:]
+    )
     assert bf.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(bf, np.float32), f32, atol=3e-2, rtol=3e-2)

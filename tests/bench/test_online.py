@@ -4,29 +4,39 @@ Most tests run on a VirtualClock with a fixed 10 ms step cost, so every timestam
 is scheduled at the first step boundary at or after its arrival, and its tokens are stamped at the end of the
 step that produced them. Engine shapes match configs/compare_tiny.py, so the whole pytest process compiles once.
 """
+
+import itertools
 import time
 
 import pytest
 
 from cbjax import LLMEngine
-from cbjax.core import RealClock, VirtualClock
 from cbjax.bench.metrics import StepRecord
 from cbjax.bench.online import ClientBatching, plan_policy, run_online
-from cbjax.bench.workload import WorkloadRequest
+from cbjax.bench.requests import WorkloadRequest
+from cbjax.core import RealClock, VirtualClock
 
 COST = 0.01  # virtual seconds per step
 SHAPES = dict(max_num_seqs=4, max_num_batched_tokens=16, num_pages=64, max_model_len=128)
 
 
 def engine(policy="fcfs", timeout=0.0, clock=None):
-    return LLMEngine("test-tiny", clock=clock or VirtualClock(), policy=policy, static_batch_timeout_s=timeout,
-                     **SHAPES)
+    return LLMEngine(
+        "test-tiny", clock=clock or VirtualClock(), policy=policy, static_batch_timeout_s=timeout, **SHAPES
+    )
 
 
 def workload(arrivals, prompt_len=4, max_tokens=3, long_ids=()):
-    return [WorkloadRequest(f"r{i}", float(t), tuple(range(10 + i, 10 + i + prompt_len)), max_tokens,
-                            length_class="long" if i in long_ids else "short")
-            for i, t in enumerate(arrivals)]
+    return [
+        WorkloadRequest(
+            f"r{i}",
+            float(t),
+            tuple(range(10 + i, 10 + i + prompt_len)),
+            max_tokens,
+            length_class="long" if i in long_ids else "short",
+        )
+        for i, t in enumerate(arrivals)
+    ]
 
 
 def by_id(result):
@@ -42,8 +52,11 @@ def test_plan_policy_table():
     assert tw.engine_options == {"policy": "static", "static_batch_timeout_s": 0.0}
     assert tw.client == ClientBatching(0.05, 8)
     sjf = plan_policy("sjf", policy_options={"victim": "longest_running"})
-    assert sjf.engine_options["policy"] == "sjf" and sjf.engine_options["policy_options"] == {
-        "victim": "longest_running"} and sjf.client is None
+    assert (
+        sjf.engine_options["policy"] == "sjf"
+        and sjf.engine_options["policy_options"] == {"victim": "longest_running"}
+        and sjf.client is None
+    )
     with pytest.raises(ValueError, match="unknown policy"):
         plan_policy("nope")
 
@@ -108,7 +121,7 @@ def test_time_window_groups_arrivals_on_the_client():
 def test_measured_step_cost_moves_the_virtual_clock():
     res = run_online(engine("fcfs"), workload([0.0, 0.0, 0.001]), step_cost_s=None)
     times = [s.time for s in res.steps]
-    assert all(b > a for a, b in zip(times, times[1:])) and times[0] > 0
+    assert all(b > a for a, b in itertools.pairwise(times)) and times[0] > 0
     assert all(r.finish_reason == "length" for r in res.requests)
 
 
@@ -157,8 +170,9 @@ def test_ctrl_c_aborts_requests_held_by_the_client():
     def interrupt(progress):
         raise KeyboardInterrupt
 
-    res = run_online(engine("static"), workload([0.0, 0.0, 0.0]), client=plan.client, step_cost_s=COST,
-                     on_step=interrupt)
+    res = run_online(
+        engine("static"), workload([0.0, 0.0, 0.0]), client=plan.client, step_cost_s=COST, on_step=interrupt
+    )
     recs = by_id(res)
     assert res.interrupted and recs["r2"].finish_reason == "abort" and recs["r2"].first_scheduled_time is None
     assert recs["r0"].finish_reason == "abort" and recs["r0"].first_scheduled_time == 0.0

@@ -3,13 +3,13 @@
 import json
 import math
 import os
-import subprocess
-import sys
+import pathlib
 import types
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cbjax.bench import trace_files as wf
 from cbjax.bench.arrivals import arrival_times
@@ -22,13 +22,6 @@ DATA = os.path.join(os.path.dirname(__file__), "data")
 
 def cv(x):
     return np.std(x) / np.mean(x)
-
-
-def test_imports_without_jax():
-    # sys.modules["jax"] = None makes any `import jax` raise ImportError.
-    code = "import sys; sys.modules['jax'] = None; import cbjax.bench.workload, cbjax.bench.online, cbjax.bench.results, cbjax.bench.plots"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
 
 
 # ---------------------------------------------------------------------------------------------- arrivals
@@ -101,8 +94,15 @@ def test_scaled_multiplies_lengths_but_not_sigma():
 
 
 def synth(**kw):
-    cfg = dict(kind="synthetic", num_requests=50, seed=0, arrival="poisson", request_rate=10.0,
-               prompt_len=dict(dist="uniform", low=4, high=40), output_len=dict(dist="uniform", low=1, high=20))
+    cfg = dict(
+        kind="synthetic",
+        num_requests=50,
+        seed=0,
+        arrival="poisson",
+        request_rate=10.0,
+        prompt_len=dict(dist="uniform", low=4, high=40),
+        output_len=dict(dist="uniform", low=1, high=20),
+    )
     cfg.update(kw)
     return cfg
 
@@ -173,7 +173,9 @@ def test_mixed_preset_fractions_lengths_and_classes():
     by = {name: [r for r in reqs if r.tenant == name] for name in ("chat", "rag", "code")}
     for name, frac in (("chat", 0.60), ("rag", 0.25), ("code", 0.15)):
         assert len(by[name]) / 1000 == pytest.approx(frac, abs=0.01)
-    med = {name: (np.median([r.prompt_len for r in rs]), np.median([r.max_tokens for r in rs])) for name, rs in by.items()}
+    med = {
+        name: (np.median([r.prompt_len for r in rs]), np.median([r.max_tokens for r in rs])) for name, rs in by.items()
+    }
     assert med["chat"] == pytest.approx((256, 128), rel=0.1)
     assert med["rag"] == pytest.approx((2048, 128), rel=0.1)
     assert med["code"] == pytest.approx((512, 1024), rel=0.1)
@@ -200,8 +202,18 @@ def test_mixed_scale_shrinks_every_length():
 
 
 def test_shared_prefix_shares_exactly_the_prefix():
-    reqs = make_workload(dict(kind="shared_prefix", num_requests=60, seed=0, num_prefixes=3, prefix_len=16,
-                              prompt_len=dict(dist="uniform", low=4, high=8), output_len=5, tenant_per_prefix=True))
+    reqs = make_workload(
+        dict(
+            kind="shared_prefix",
+            num_requests=60,
+            seed=0,
+            num_prefixes=3,
+            prefix_len=16,
+            prompt_len=dict(dist="uniform", low=4, high=8),
+            output_len=5,
+            tenant_per_prefix=True,
+        )
+    )
     groups = {}
     for r in reqs:
         assert 20 <= r.prompt_len <= 24
@@ -217,8 +229,9 @@ def test_shared_prefix_shares_exactly_the_prefix():
         assert len(set(suffixes)) == len(suffixes)  # every suffix is the request's own
         assert len({s[0] for s in suffixes}) > 1  # the shared part stops at the prefix
     assert len(prefixes) == 3
-    default = make_workload(dict(kind="shared_prefix", num_requests=5, num_prefixes=2, prefix_len=4, prompt_len=2,
-                                 output_len=2))
+    default = make_workload(
+        dict(kind="shared_prefix", num_requests=5, num_prefixes=2, prefix_len=4, prompt_len=2, output_len=2)
+    )
     assert {r.tenant for r in default} == {"default"}
 
 
@@ -287,9 +300,11 @@ def test_save_jsonl_replays_exactly(tmp_path):
 def test_peers_json_roundtrip(tmp_path):
     reqs = make_workload(dict(kind="peers_json", path=os.path.join(DATA, "peers.json")))
     assert [(r.request_id, r.prompt_token_ids, r.max_tokens, r.arrival_time) for r in reqs] == [
-        ("req-0", (3, 4, 5), 2, 0.0), ("req-1", (31999, 7), 5, 0.0)]
+        ("req-0", (3, 4, 5), 2, 0.0),
+        ("req-1", (31999, 7), 5, 0.0),
+    ]
     wf.save_peers_json(reqs, tmp_path / "p.json")
-    assert json.load(open(tmp_path / "p.json")) == json.load(open(os.path.join(DATA, "peers.json")))
+    assert json.loads((tmp_path / "p.json").read_text()) == json.loads(pathlib.Path(DATA, "peers.json").read_text())
     with pytest.raises(ValueError, match=r"entry 1: 'prompt_token_ids'\[0\] = 31999 is out of range"):
         make_workload(dict(kind="peers_json", path=os.path.join(DATA, "peers.json"), vocab_size=1000))
 
@@ -301,8 +316,10 @@ def test_sharegpt():
     # "Hello there, how are you?" is 25 chars -> 7 tokens; "Fine, thanks." 13 -> 4; "Why?" -> 1; the reply 43 -> 11
     assert [(r.prompt_len, r.max_tokens) for r in reqs] == [(7, 4), (1, 11)]
     assert reqs[0].prompt == "Hello there, how are you?"
-    words = make_workload(dict(kind="sharegpt", path=path, arrival="poisson", request_rate=1.0),
-                          tokenize=lambda s: list(range(3, 3 + len(s.split()))))
+    words = make_workload(
+        dict(kind="sharegpt", path=path, arrival="poisson", request_rate=1.0),
+        tokenize=lambda s: list(range(3, 3 + len(s.split()))),
+    )
     assert [(r.prompt_len, r.max_tokens) for r in words] == [(5, 2), (1, 9)]
     assert words[1].arrival_time > 0
 
@@ -316,21 +333,24 @@ def _write(tmp_path, name, text):
 GOOD = '{"arrival_time": 0, "prompt_token_ids": [5], "max_tokens": 1}\n'
 
 
-@pytest.mark.parametrize("bad_line, message", [
-    ("{not json", "invalid JSON"),
-    ("[1, 2]", "expected a JSON object"),
-    ('{"prompt_token_ids": [5], "max_tokens": 1}', "missing 'arrival_time'"),
-    ('{"arrival_time": "x", "prompt_token_ids": [5], "max_tokens": 1}', "'arrival_time' must be a finite number"),
-    ('{"arrival_time": 1, "max_tokens": 1}', "missing 'prompt_token_ids' or 'prompt'"),
-    ('{"arrival_time": 1, "prompt_token_ids": [], "max_tokens": 1}', "non-empty list"),
-    ('{"arrival_time": 1, "prompt_token_ids": [5, -1], "max_tokens": 1}', r"'prompt_token_ids'\[1\]"),
-    ('{"arrival_time": 1, "prompt_token_ids": [5], "max_tokens": 0}', "'max_tokens' must be an int >= 1"),
-    ('{"arrival_time": 1, "prompt_token_ids": [5], "output_len": 2.5}', "'output_len' must be an int"),
-    ('{"arrival_time": 1, "prompt_token_ids": [5]}', "missing 'max_tokens'"),
-    ('{"arrival_time": 1, "prompt": 7, "max_tokens": 1}', "'prompt' must be a string"),
-    ('{"arrival_time": 1, "prompt": "x", "max_tokens": 1, "priority": "high"}', "'priority' must be an int"),
-    ('{"arrival_time": 1, "prompt": "x", "max_tokens": 1, "length_class": "huge"}', "'length_class'"),
-])
+@pytest.mark.parametrize(
+    "bad_line, message",
+    [
+        ("{not json", "invalid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"prompt_token_ids": [5], "max_tokens": 1}', "missing 'arrival_time'"),
+        ('{"arrival_time": "x", "prompt_token_ids": [5], "max_tokens": 1}', "'arrival_time' must be a finite number"),
+        ('{"arrival_time": 1, "max_tokens": 1}', "missing 'prompt_token_ids' or 'prompt'"),
+        ('{"arrival_time": 1, "prompt_token_ids": [], "max_tokens": 1}', "non-empty list"),
+        ('{"arrival_time": 1, "prompt_token_ids": [5, -1], "max_tokens": 1}', r"'prompt_token_ids'\[1\]"),
+        ('{"arrival_time": 1, "prompt_token_ids": [5], "max_tokens": 0}', "'max_tokens' must be an int >= 1"),
+        ('{"arrival_time": 1, "prompt_token_ids": [5], "output_len": 2.5}', "'output_len' must be an int"),
+        ('{"arrival_time": 1, "prompt_token_ids": [5]}', "missing 'max_tokens'"),
+        ('{"arrival_time": 1, "prompt": 7, "max_tokens": 1}', "'prompt' must be a string"),
+        ('{"arrival_time": 1, "prompt": "x", "max_tokens": 1, "priority": "high"}', "'priority' must be an int"),
+        ('{"arrival_time": 1, "prompt": "x", "max_tokens": 1, "length_class": "huge"}', "'length_class'"),
+    ],
+)
 def test_malformed_jsonl_names_file_and_line(tmp_path, bad_line, message):
     path = _write(tmp_path, "bad.jsonl", GOOD + "\n" + bad_line + "\n" + GOOD)
     with pytest.raises(ValueError, match=message) as e:
@@ -345,12 +365,15 @@ def test_duplicate_request_id_is_an_error(tmp_path):
         wf.load_jsonl(path)
 
 
-@pytest.mark.parametrize("entry, message", [
-    ('"hi"', "expected an object"),
-    ('{"max_new_tokens": 3}', "missing 'prompt_token_ids'"),
-    ('{"prompt_token_ids": [3, "a"], "max_new_tokens": 3}', r"'prompt_token_ids'\[1\]"),
-    ('{"prompt_token_ids": [3], "max_new_tokens": true}', "'max_new_tokens' must be an int >= 1"),
-])
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ('"hi"', "expected an object"),
+        ('{"max_new_tokens": 3}', "missing 'prompt_token_ids'"),
+        ('{"prompt_token_ids": [3, "a"], "max_new_tokens": 3}', r"'prompt_token_ids'\[1\]"),
+        ('{"prompt_token_ids": [3], "max_new_tokens": true}', "'max_new_tokens' must be an int >= 1"),
+    ],
+)
 def test_malformed_peers_entry_names_file_and_index(tmp_path, entry, message):
     path = _write(tmp_path, "bad.json", '[{"prompt_token_ids": [3], "max_new_tokens": 1}, ' + entry + "]")
     with pytest.raises(ValueError, match=message) as e:
@@ -358,11 +381,14 @@ def test_malformed_peers_entry_names_file_and_index(tmp_path, entry, message):
     assert f"{path}, entry 1:" in str(e.value)
 
 
-@pytest.mark.parametrize("entry", [
-    '{"conversation": []}',
-    '{"conversations": [{"from": "human"}]}',
-    '{"conversations": [{"from": "human", "value": "q"}, "a"]}',
-])
+@pytest.mark.parametrize(
+    "entry",
+    [
+        '{"conversation": []}',
+        '{"conversations": [{"from": "human"}]}',
+        '{"conversations": [{"from": "human", "value": "q"}, "a"]}',
+    ],
+)
 def test_malformed_sharegpt_entry_names_file_and_index(tmp_path, entry):
     good = '{"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}'
     path = _write(tmp_path, "bad.json", f"[{good}, {good}, {entry}]")
@@ -393,40 +419,43 @@ def test_arrival_trace_for_generated_workload(tmp_path):
 # ---------------------------------------------------------------------------------------------- validation
 
 
-@pytest.mark.parametrize("override, message", [
-    (dict(kind=None), "kind is required"),
-    (dict(kind="random"), "kind must be one of"),
-    (dict(num_requests=0), "num_requests must be >= 1"),
-    (dict(num_requests=2.5), "num_requests must be an integer"),
-    (dict(num_requests=None), "num_requests is required"),
-    (dict(seed=-1), "seed must be >= 0"),
-    (dict(arrival="bursty"), "arrival must be one of"),
-    (dict(request_rate=None), "request_rate is required"),
-    (dict(request_rate=-1.0), "request_rate must be > 0"),
-    (dict(arrival="gamma", burstiness=0), "burstiness must be > 0"),
-    (dict(vocab_size=3), "low_id must be < vocab_size"),
-    (dict(prompt_len=None), "prompt_len is required"),
-    (dict(prompt_len=dict(dist="zipf")), r"prompt_len\.dist must be one of"),
-    (dict(prompt_len=dict(dist="fixed")), r"prompt_len\.value is required"),
-    (dict(output_len=dict(dist="uniform", low=5, high=2)), r"output_len\.high must be >= output_len\.low"),
-    (dict(output_len=dict(dist="lognormal", median=10)), r"output_len\.sigma is required"),
-    (dict(output_len=dict(dist="lognormal", median=10, mean=10, sigma=1)), "exactly one of"),
-    (dict(output_len=dict(dist="lognormal", median=-3, sigma=1)), r"output_len\.median must be > 0"),
-    (dict(output_len=dict(dist="lognormal", median=10, sigma=1, min=20, max=10)), r"output_len\.max must be >= "),
-    (dict(output_len=dict(dist="fixed", value=3, maximum=5)), r"output_len: unknown field\(s\) \['maximum'\]"),
-    (dict(output_len="long"), "output_len must be a length spec"),
-    (dict(output_len=0), "output_len must be >= 1"),
-    (dict(max_model_len=1), "max_model_len must be >= 2"),
-    (dict(scale=0), "scale must be > 0"),
-    (dict(deadline_s=-1), "deadline_s must be > 0"),
-    (dict(requst_rate=5.0), r"unknown field\(s\) \['requst_rate'\]"),
-    (dict(arrival="trace"), "path is required"),
-    (dict(kind="shared_prefix"), "prefix_len is required"),
-    (dict(kind="shared_prefix", prefix_len=4, num_prefixes=0), "num_prefixes must be >= 1"),
-    (dict(kind="jsonl", path=None), "path is required for kind='jsonl'"),
-    (dict(kind="sharegpt", path="x.json", arrival="trace"), "arrival='trace' is not available"),
-    (dict(kind="peers_json", path="x.json", scale=0.5), "scale applies to generated workloads only"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (dict(kind=None), "kind is required"),
+        (dict(kind="random"), "kind must be one of"),
+        (dict(num_requests=0), "num_requests must be >= 1"),
+        (dict(num_requests=2.5), "num_requests must be an integer"),
+        (dict(num_requests=None), "num_requests is required"),
+        (dict(seed=-1), "seed must be >= 0"),
+        (dict(arrival="bursty"), "arrival must be one of"),
+        (dict(request_rate=None), "request_rate is required"),
+        (dict(request_rate=-1.0), "request_rate must be > 0"),
+        (dict(arrival="gamma", burstiness=0), "burstiness must be > 0"),
+        (dict(vocab_size=3), "low_id must be < vocab_size"),
+        (dict(prompt_len=None), "prompt_len is required"),
+        (dict(prompt_len=dict(dist="zipf")), r"prompt_len\.dist must be one of"),
+        (dict(prompt_len=dict(dist="fixed")), r"prompt_len\.value is required"),
+        (dict(output_len=dict(dist="uniform", low=5, high=2)), r"output_len\.high must be >= output_len\.low"),
+        (dict(output_len=dict(dist="lognormal", median=10)), r"output_len\.sigma is required"),
+        (dict(output_len=dict(dist="lognormal", median=10, mean=10, sigma=1)), "exactly one of"),
+        (dict(output_len=dict(dist="lognormal", median=-3, sigma=1)), r"output_len\.median must be > 0"),
+        (dict(output_len=dict(dist="lognormal", median=10, sigma=1, min=20, max=10)), r"output_len\.max must be >= "),
+        (dict(output_len=dict(dist="fixed", value=3, maximum=5)), r"output_len: unknown field\(s\) \['maximum'\]"),
+        (dict(output_len="long"), "output_len must be a length spec"),
+        (dict(output_len=0), "output_len must be >= 1"),
+        (dict(max_model_len=1), "max_model_len must be >= 2"),
+        (dict(scale=0), "scale must be > 0"),
+        (dict(deadline_s=-1), "deadline_s must be > 0"),
+        (dict(requst_rate=5.0), r"unknown field\(s\) \['requst_rate'\]"),
+        (dict(arrival="trace"), "path is required"),
+        (dict(kind="shared_prefix"), "prefix_len is required"),
+        (dict(kind="shared_prefix", prefix_len=4, num_prefixes=0), "num_prefixes must be >= 1"),
+        (dict(kind="jsonl", path=None), "path is required for kind='jsonl'"),
+        (dict(kind="sharegpt", path="x.json", arrival="trace"), "arrival='trace' is not available"),
+        (dict(kind="peers_json", path="x.json", scale=0.5), "scale applies to generated workloads only"),
+    ],
+)
 def test_invalid_config_names_the_field(override, message):
     with pytest.raises(ValueError, match=message):
         make_workload(synth(**override))

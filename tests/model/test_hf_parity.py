@@ -3,8 +3,10 @@
 (several prompts of different lengths and output lengths sharing 4 slots and a small page pool) equal
 transformers' greedy `generate`, token for token, with EOS ignored and with a list of EOS ids honoured.
 """
+
 import json
 import os
+import pathlib
 import shutil
 
 import numpy as np
@@ -18,13 +20,31 @@ import jax.numpy as jnp  # noqa: E402
 from cbjax import LLM, SamplingParams  # noqa: E402
 from cbjax.model.hf_loader import load_hf_model  # noqa: E402
 
-TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=128)
+TINY = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+)
 ARCHS = {
     # Llama-3 rope scaling with a short original context, so every frequency band (scaled, smoothed, kept) is used.
-    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(rope_scaling=dict(
-        rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-        original_max_position_embeddings=32), rope_theta=5000.0)),
+    "llama": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            rope_scaling=dict(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=32,
+            ),
+            rope_theta=5000.0,
+        ),
+    ),
     # A window much shorter than the prompts, so the paged kernel's sliding-window masking is exercised.
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=8)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
@@ -75,13 +95,17 @@ def _hf_greedy(model, prompt, max_tokens, eos=None):
     model.generation_config.eos_token_id = eos  # None: run the full length, as ignore_eos does
     model.generation_config.pad_token_id = 0
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False,
-                             attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-    return out[0, len(prompt):].tolist()
+        out = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 def test_logits_match_transformers(checkpoint):
-    arch, hf, path = checkpoint
+    _arch, hf, path = checkpoint
     tokens = np.random.default_rng(1).integers(0, TINY["vocab_size"], (2, 48))
     with torch.no_grad():
         want = hf(torch.tensor(tokens)).logits.numpy()
@@ -92,12 +116,11 @@ def test_logits_match_transformers(checkpoint):
 
 
 def test_engine_greedy_tokens_equal_transformers_generate(checkpoint):
-    arch, hf, path = checkpoint
+    _arch, hf, path = checkpoint
     prompts = _prompts()
     want = [_hf_greedy(hf, p, n) for p, n in zip(prompts, MAX_TOKENS)]
     llm = LLM(path, dtype="float32", **ENGINE)
-    outs = llm.generate(prompts, [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-                                  for n in MAX_TOKENS])
+    outs = llm.generate(prompts, [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in MAX_TOKENS])
     got = [o.outputs[0].token_ids for o in outs]
     assert got == want
     assert len({tuple(w) for w in want}) == len(want)  # not a degenerate model repeating one sequence
@@ -113,18 +136,18 @@ def test_eos_list_stops_like_transformers(tmp_path_factory, tmp_path):
     # Two ids that greedy decoding does produce mid-sequence, so stopping early is really tested.
     eos = [free_run[1][4], free_run[3][6]]
     want = [_hf_greedy(hf, p, n, eos=eos) for p, n in zip(prompts, MAX_TOKENS)]
-    want = [w[:next((i + 1 for i, t in enumerate(w) if t in eos), len(w))] for w in want]  # HF pads after EOS
+    want = [w[: next((i + 1 for i, t in enumerate(w) if t in eos), len(w))] for w in want]  # HF pads after EOS
     assert any(len(w) < n for w, n in zip(want, MAX_TOKENS))
     local = str(tmp_path / "ckpt")
     shutil.copytree(path, local)
     gen_file = os.path.join(local, "generation_config.json")
-    gen = json.load(open(gen_file))
+    gen = json.loads(pathlib.Path(gen_file).read_text())
     gen["eos_token_id"] = eos
-    json.dump(gen, open(gen_file, "w"))
+    pathlib.Path(gen_file).write_text(json.dumps(gen))
     llm = LLM(local, dtype="float32", **ENGINE)
     outs = llm.generate(prompts, [SamplingParams(max_tokens=n, temperature=0.0) for n in MAX_TOKENS])
     assert [o.outputs[0].token_ids for o in outs] == want
-    for o, w, n in zip(outs, want, MAX_TOKENS):
+    for o, w, _n in zip(outs, want, MAX_TOKENS):
         assert o.outputs[0].finish_reason == ("stop" if w[-1] in eos else "length")
 
 
@@ -135,8 +158,9 @@ def test_packaged_model_is_a_real_hf_checkpoint(monkeypatch):
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     path = packaged_model_path()
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                                           attn_implementation="eager").eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     hf_tok = transformers.AutoTokenizer.from_pretrained(path)
     text = "def fibonacci(n):\n    if n < 2:\n        return n  # naïve\n"
     ids = Tokenizer.from_dir(path).encode(text)
@@ -147,6 +171,6 @@ def test_packaged_model_is_a_real_hf_checkpoint(monkeypatch):
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
     prompt = hf_tok("class Stack:\n    def push(self, item):")["input_ids"]
     with torch.no_grad():  # EOS honoured on both sides (the model's own generation_config)
-        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, len(prompt):].tolist()
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, len(prompt) :].tolist()
     out = LLM(path, **ENGINE).generate([prompt], SamplingParams(max_tokens=12, temperature=0.0))[0]
     assert out.outputs[0].token_ids == ref

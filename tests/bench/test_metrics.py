@@ -63,14 +63,17 @@ def test_summary_counts_and_throughput():
 
 def test_summary_latency_stats_in_ms():
     s = summarize(records())
-    # TTFT [1000, 1000, 1500]: mean 3500/3; p90 at rank 1.8 -> 1000 + 0.8 * 500; std sqrt(((-500/3)^2 * 2 + (1000/3)^2) / 3)
+    # TTFT [1000, 1000, 1500]: mean 3500/3; p90 at rank 1.8 -> 1000 + 0.8 * 500;
+    # std sqrt(((-500/3)^2 * 2 + (1000/3)^2) / 3)
     assert s["ttft_ms_mean"] == pytest.approx(3500 / 3)
     assert s["ttft_ms_p50"] == pytest.approx(1000)
     assert s["ttft_ms_p90"] == pytest.approx(1400)
     assert s["ttft_ms_p99"] == pytest.approx(1490)
     assert s["ttft_ms_std"] == pytest.approx(math.sqrt((2 * (500 / 3) ** 2 + (1000 / 3) ** 2) / 3))
     # TPOT [750, 500]
-    assert (s["tpot_ms_mean"], s["tpot_ms_p50"], s["tpot_ms_p90"], s["tpot_ms_std"]) == pytest.approx((625, 625, 725, 125))
+    assert (s["tpot_ms_mean"], s["tpot_ms_p50"], s["tpot_ms_p90"], s["tpot_ms_std"]) == pytest.approx(
+        (625, 625, 725, 125)
+    )
     # ITL sorted [250, 250, 500, 500, 1000, 1000]: p50 at rank 2.5 -> 500, p90 at rank 4.5 -> 1000
     assert (s["itl_ms_mean"], s["itl_ms_p50"], s["itl_ms_p90"]) == pytest.approx((3500 / 6, 500, 1000))
     # E2E [2500, 1000, 3500]; queue [500, 250, 500]
@@ -83,24 +86,29 @@ def test_summary_by_length_class():
     assert (s["short_num_requests"], s["long_num_requests"]) == (3, 2)
     assert s["short_completion_rate"] == pytest.approx(2 / 3)  # r4 never finished
     assert s["long_completion_rate"] == pytest.approx(1 / 2)  # r3 aborted
-    assert (s["short_ttft_ms_mean"], s["short_e2e_ms_mean"], s["short_tpot_ms_mean"]) == pytest.approx((1000, 1750, 750))
+    assert (s["short_ttft_ms_mean"], s["short_e2e_ms_mean"], s["short_tpot_ms_mean"]) == pytest.approx(
+        (1000, 1750, 750)
+    )
     assert (s["long_ttft_ms_mean"], s["long_e2e_ms_mean"], s["long_tpot_ms_mean"]) == pytest.approx((1500, 3500, 500))
     assert s["long_itl_ms_p50"] == pytest.approx(375)  # [250, 250, 500, 1000]
 
 
-@pytest.mark.parametrize("slo, good", [
-    # r0: TTFT 1000 ok, TPOT 750 > 600; r1: TTFT 1000 ok, one token passes TPOT; r2: TTFT 1500 > 1200
-    ({"ttft_ms": 1200, "tpot_ms": 600}, 1),
-    # r0 2500 <= 2500 (the bound is inclusive), r1 1000, r2 3500 > 2500
-    ({"e2e_ms": 2500}, 2),
-    # the aborted r3 (TTFT 750) would meet this, but is not completed
-    ({"ttft_ms": 1200}, 2),
-    ({"ttft_ms": None, "tpot_ms": None}, 3),
-    ({"ttft_ms": 999}, 0),
-    # TPOT r0 750, r2 500: both bounds inclusive
-    ({"tpot_ms": 750}, 3),
-    ({"tpot_ms": 749}, 2),
-])
+@pytest.mark.parametrize(
+    "slo, good",
+    [
+        # r0: TTFT 1000 ok, TPOT 750 > 600; r1: TTFT 1000 ok, one token passes TPOT; r2: TTFT 1500 > 1200
+        ({"ttft_ms": 1200, "tpot_ms": 600}, 1),
+        # r0 2500 <= 2500 (the bound is inclusive), r1 1000, r2 3500 > 2500
+        ({"e2e_ms": 2500}, 2),
+        # the aborted r3 (TTFT 750) would meet this, but is not completed
+        ({"ttft_ms": 1200}, 2),
+        ({"ttft_ms": None, "tpot_ms": None}, 3),
+        ({"ttft_ms": 999}, 0),
+        # TPOT r0 750, r2 500: both bounds inclusive
+        ({"tpot_ms": 750}, 3),
+        ({"tpot_ms": 749}, 2),
+    ],
+)
 def test_goodput(slo, good):
     s = summarize(records(), slo=slo)
     assert s["num_good"] == good

@@ -1,4 +1,5 @@
 """The policy comparison end to end (a subprocess on configs/compare_tiny.py) and its Ctrl-C path (in process)."""
+
 import datetime
 import json
 import math
@@ -9,13 +10,22 @@ import sys
 import pytest
 
 from experiments import compare_policies as cp
-from helpers import parse_config as parse
+from tests.helpers import parse_config as parse
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(ROOT, "configs", "compare_tiny.py")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-FILES = ("config.json", "manifest.json", "summary.json", "summary.csv", "requests.jsonl", "steps.jsonl",
-         "throughput.png", "latency_cdf.png", "utilisation.png")
+FILES = (
+    "config.json",
+    "manifest.json",
+    "summary.json",
+    "summary.csv",
+    "requests.jsonl",
+    "steps.jsonl",
+    "throughput.png",
+    "latency_cdf.png",
+    "utilisation.png",
+)
 POLICIES = ("static", "time_window", "fcfs")
 
 
@@ -34,8 +44,15 @@ def check_pngs(folder):
 def test_end_to_end_in_a_subprocess(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     # max_num_seqs=3 differs from the file's 4: the override must reach the engines, not just config.json.
-    cmd = [sys.executable, "-m", "experiments.compare_policies", f"--config={TINY}",
-           f"--config.output_dir={tmp_path}", "--config.run_name=e2e", "--config.engine.max_num_seqs=3"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments.compare_policies",
+        f"--config={TINY}",
+        f"--config.output_dir={tmp_path}",
+        "--config.run_name=e2e",
+        "--config.engine.max_num_seqs=3",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     folder = tmp_path / "e2e"
@@ -123,11 +140,13 @@ def test_resolve_config_checks_the_clock(bad):
 
 def test_variants_and_every_policy_generate_the_same_tokens(tmp_path):
     # Engine policies, a variant with the prefix cache and swap, one shared engine shape: greedy outputs agree.
-    argv = [f"--config={TINY}", "--config.policies=fcfs,sjf,srpt_oracle,cached_swap",
-            "--config.variants={'cached_swap': {'policy': 'mlfq', 'enable_prefix_caching': True, "
-            "'preemption_mode': 'swap', 'num_host_pages': 32}}",
-            "--config.policy_options={'srpt_oracle': {'victim': 'cheapest_recompute'}, "
-            "'cached_swap': {'quantum': 4}}"]
+    argv = [
+        f"--config={TINY}",
+        "--config.policies=fcfs,sjf,srpt_oracle,cached_swap",
+        "--config.variants={'cached_swap': {'policy': 'mlfq', 'enable_prefix_caching': True, "
+        "'preemption_mode': 'swap', 'num_host_pages': 32}}",
+        "--config.policy_options={'srpt_oracle': {'victim': 'cheapest_recompute'}, 'cached_swap': {'quantum': 4}}",
+    ]
     cfg = cp.resolve_config(parse(argv))
     comp = cp.run_comparison(cfg, progress=False)
     summaries = cp.summaries_of(cfg, comp)
@@ -142,5 +161,8 @@ def test_variants_and_every_policy_generate_the_same_tokens(tmp_path):
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["engines"]["cached_swap"]["config"]["policy_options"] == {"quantum": 4}
     with pytest.raises(ValueError, match="unknown engine option"):
-        cp.resolve_config(parse([f"--config={TINY}", "--config.policies=v",
-                                 "--config.variants={'v': {'policy': 'fcfs', 'swap': True}}"]))
+        cp.resolve_config(
+            parse(
+                [f"--config={TINY}", "--config.policies=v", "--config.variants={'v': {'policy': 'fcfs', 'swap': True}}"]
+            )
+        )

@@ -2,25 +2,28 @@
 
 No engine is built here (no jax compile): the end-to-end run with an override is in test_compare_policies.py.
 """
+
 import dataclasses
 import glob
 import os
 
 import pytest
 
-from cbjax.core.policies import POLICIES
-from cbjax.engine import EngineConfig
 from cbjax.bench.metrics import SLO_KEYS
-from cbjax.model.config import get_model_config
 from cbjax.bench.online import POLICY_NAMES
 from cbjax.bench.workload import make_workload
+from cbjax.core.policies import POLICIES
+from cbjax.engine import EngineConfig
+from cbjax.model.config import get_model_config
 from experiments.compare_policies import resolve_config
-from helpers import parse_config as parse
+from tests.helpers import parse_config as parse
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The comparison family: every config of experiments/compare_policies.
-CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "compare_*.py"))
-                 + [os.path.join(ROOT, "configs", f) for f in ("policy_zoo.py", "prefix_cache.py", "preemption.py")])
+CONFIGS = sorted(
+    glob.glob(os.path.join(ROOT, "configs", "compare_*.py"))
+    + [os.path.join(ROOT, "configs", f) for f in ("policy_zoo.py", "prefix_cache.py", "preemption.py")]
+)
 ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
 
 
@@ -49,9 +52,16 @@ def test_config_fields_are_real(path):
 
 
 def test_command_line_overrides_take_effect():
-    cfg = parse([f"--config={ROOT}/configs/compare_cpu.py", "--config.engine.max_num_seqs=7",
-                 "--config.workload.request_rate=3.5", "--config.slo.e2e_ms=5000",
-                 "--config.policies=fcfs,static", "--config.run_name=x"])
+    cfg = parse(
+        [
+            f"--config={ROOT}/configs/compare_cpu.py",
+            "--config.engine.max_num_seqs=7",
+            "--config.workload.request_rate=3.5",
+            "--config.slo.e2e_ms=5000",
+            "--config.policies=fcfs,static",
+            "--config.run_name=x",
+        ]
+    )
     assert cfg.engine.max_num_seqs == 7 and cfg.workload.request_rate == 3.5 and cfg.slo.e2e_ms == 5000.0
     assert cfg.run_name == "x"
     assert resolve_config(cfg).policies == ("fcfs", "static")  # a comma-separated entry is split
@@ -66,9 +76,10 @@ def test_resolve_config_rejects_bad_policy_lists():
     with pytest.raises(ValueError, match="unknown policy"):
         resolve_config(parse(["--config.policies=fcfs,nope"]))
     with pytest.raises(ValueError, match="takes no option"):
-        resolve_config(parse(["--config.policies=fcfs,priority",
-                              "--config.policy_options={'priority': {'agin_s': 3}}"]))
-    with pytest.raises(ValueError, match="not in config.policies"):
+        resolve_config(
+            parse(["--config.policies=fcfs,priority", "--config.policy_options={'priority': {'agin_s': 3}}"])
+        )
+    with pytest.raises(ValueError, match=r"not in config\.policies"):
         resolve_config(parse(["--config.policies=fcfs", "--config.policy_options={'sjf': {}}"]))
 
 

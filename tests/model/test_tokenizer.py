@@ -1,4 +1,5 @@
 """Tokenizer wrapper and incremental detokenization (byte-level BPE and SentencePiece-style metaspace)."""
+
 import pytest
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
@@ -14,8 +15,12 @@ def byte_bpe():
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     # A vocabulary this small keeps multi-byte characters split over several tokens.
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<eos>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<eos>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(["def f(x):\n    return x\n"] * 20, trainer)
     return Tokenizer(tok)
 
@@ -55,6 +60,6 @@ def test_metaspace_leading_space_comes_from_context():
 def test_from_file_errors_name_the_file(tmp_path):
     bad = tmp_path / "tokenizer.json"
     bad.write_text("{broken")
-    with pytest.raises(ValueError, match="tokenizer.json: not a readable tokenizer.json"):
+    with pytest.raises(ValueError, match=r"tokenizer\.json: not a readable tokenizer\.json"):
         Tokenizer.from_file(str(bad))
     assert Tokenizer.from_dir(str(tmp_path / "missing")) is None

@@ -1,7 +1,9 @@
 """The Hugging Face loader without transformers: export/load round trips for every architecture feature, stored
 dtypes, sharded checkpoints, and a clear ValueError (naming the file and tensor) for every broken checkpoint."""
+
 import json
 import os
+import pathlib
 
 import jax.numpy as jnp
 import ml_dtypes
@@ -16,11 +18,19 @@ from cbjax.model.hf_loader import load_hf_model, read_hf_config, save_hf_model
 
 BASE = get_model_config("test-tiny").replace(vocab_size=128, max_position_embeddings=64)
 VARIANTS = {
-    "llama-llama3-rope": BASE.replace(rope_scaling=(("rope_type", "llama3"), ("factor", 8.0),
-                                                    ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
-                                                    ("original_max_position_embeddings", 16.0)), rope_theta=500.0),
-    "llama-linear-rope-tied": BASE.replace(rope_scaling=(("rope_type", "linear"), ("factor", 2.0)),
-                                           tie_word_embeddings=True),
+    "llama-llama3-rope": BASE.replace(
+        rope_scaling=(
+            ("rope_type", "llama3"),
+            ("factor", 8.0),
+            ("high_freq_factor", 4.0),
+            ("low_freq_factor", 1.0),
+            ("original_max_position_embeddings", 16.0),
+        ),
+        rope_theta=500.0,
+    ),
+    "llama-linear-rope-tied": BASE.replace(
+        rope_scaling=(("rope_type", "linear"), ("factor", 2.0)), tie_word_embeddings=True
+    ),
     "mistral-window": BASE.replace(sliding_window=4),
     "qwen2-bias": BASE.replace(qkv_bias=True, tie_word_embeddings=True),
     "qwen3-qknorm": BASE.replace(qk_norm=True, head_dim=32),
@@ -69,11 +79,11 @@ def test_sharded_checkpoint_loads_and_a_missing_shard_is_named(tmp_path):
     for file, keys in shards.items():
         save_file({k: tensors[k] for k in keys}, os.path.join(path, file))
     index = {"metadata": {}, "weight_map": {k: f for f, keys in shards.items() for k in keys}}
-    json.dump(index, open(os.path.join(path, "model.safetensors.index.json"), "w"))
+    pathlib.Path(path, "model.safetensors.index.json").write_text(json.dumps(index))
     loaded = load_hf_model(path)
     np.testing.assert_array_equal(np.asarray(loaded.forward_full(TOKENS)), np.asarray(model.forward_full(TOKENS)))
     os.remove(os.path.join(path, "model-00002-of-00002.safetensors"))
-    with pytest.raises(ValueError, match="model-00002-of-00002.safetensors: shard not found"):
+    with pytest.raises(ValueError, match=r"model-00002-of-00002\.safetensors: shard not found"):
         load_hf_model(path)
 
 
@@ -86,9 +96,9 @@ def _rewrite_tensors(path, edit):
 
 def _edit_config(path, **changes):
     file = os.path.join(path, "config.json")
-    hf = json.load(open(file))
+    hf = json.loads(pathlib.Path(file).read_text())
     hf.update(changes)
-    json.dump(hf, open(file, "w"))
+    pathlib.Path(file).write_text(json.dumps(hf))
 
 
 def _delete(name):
@@ -98,6 +108,7 @@ def _delete(name):
 def _set(name, value):
     def edit(t):
         t[name] = value(t[name])
+
     return edit
 
 
@@ -106,15 +117,27 @@ def _add(name):
 
 
 TENSOR_DAMAGE = [
-    ("missing tensor", _delete("model.layers.1.mlp.up_proj.weight"),
-     r"model\.safetensors: tensor 'model\.layers\.1\.mlp\.up_proj\.weight' is missing"),
-    ("wrong shape", _set("model.layers.0.self_attn.k_proj.weight", lambda a: a[:, :-1]),
-     r"model\.safetensors: tensor 'model\.layers\.0\.self_attn\.k_proj\.weight' has shape \(32, 63\), expected "
-     r"\(32, 64\)"),
-    ("non-finite values", _set("model.norm.weight", lambda a: np.where(np.arange(a.size) == 3, np.nan, a)),
-     r"model\.safetensors: tensor 'model\.norm\.weight' has non-finite values"),
-    ("integer tensor", _set("model.embed_tokens.weight", lambda a: a.astype(np.int32)),
-     r"tensor 'model\.embed_tokens\.weight' has dtype int32"),
+    (
+        "missing tensor",
+        _delete("model.layers.1.mlp.up_proj.weight"),
+        r"model\.safetensors: tensor 'model\.layers\.1\.mlp\.up_proj\.weight' is missing",
+    ),
+    (
+        "wrong shape",
+        _set("model.layers.0.self_attn.k_proj.weight", lambda a: a[:, :-1]),
+        r"model\.safetensors: tensor 'model\.layers\.0\.self_attn\.k_proj\.weight' has shape \(32, 63\), expected "
+        r"\(32, 64\)",
+    ),
+    (
+        "non-finite values",
+        _set("model.norm.weight", lambda a: np.where(np.arange(a.size) == 3, np.nan, a)),
+        r"model\.safetensors: tensor 'model\.norm\.weight' has non-finite values",
+    ),
+    (
+        "integer tensor",
+        _set("model.embed_tokens.weight", lambda a: a.astype(np.int32)),
+        r"tensor 'model\.embed_tokens\.weight' has dtype int32",
+    ),
     ("unexpected tensor", _add("model.layers.0.mlp.gate_proj.bias"), r"unexpected tensors .*gate_proj\.bias"),
 ]
 
@@ -130,8 +153,8 @@ def test_damaged_tensor_is_refused_naming_file_and_tensor(tmp_path, name, edit, 
 def test_truncated_safetensors_file_is_refused_naming_the_file(tmp_path):
     _, path = _export(tmp_path)
     file = os.path.join(path, "model.safetensors")
-    data = open(file, "rb").read()
-    open(file, "wb").write(data[: len(data) // 2])
+    data = pathlib.Path(file).read_bytes()
+    pathlib.Path(file).write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match=r"model\.safetensors: not a readable safetensors file"):
         load_hf_model(path)
 
@@ -141,17 +164,30 @@ def _update(**changes):
 
 
 CONFIG_DAMAGE = [
-    ("unsupported architecture", _update(architectures=["GPT2LMHeadModel"]),
-     r"config\.json: unsupported architecture 'GPT2LMHeadModel'"),
-    ("unsupported rope type", _update(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}),
-     r"config\.json: unsupported rope scaling type 'yarn'"),
+    (
+        "unsupported architecture",
+        _update(architectures=["GPT2LMHeadModel"]),
+        r"config\.json: unsupported architecture 'GPT2LMHeadModel'",
+    ),
+    (
+        "unsupported rope type",
+        _update(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}),
+        r"config\.json: unsupported rope scaling type 'yarn'",
+    ),
     ("unsupported activation", _update(hidden_act="gelu"), r"config\.json: unsupported hidden_act 'gelu'"),
     ("o_proj bias", _update(attention_bias=True), r"config\.json: attention_bias=true"),
     ("missing field", lambda hf: hf.pop("hidden_size"), r"config\.json: missing fields \['hidden_size'\]"),
     ("bad head count", _update(num_key_value_heads=3), r"config\.json: num_heads \(4\) must be a multiple"),
-    ("mixed qwen windows", _update(architectures=["Qwen2ForCausalLM"], use_sliding_window=True, sliding_window=8,
-                                   layer_types=["full_attention", "sliding_attention"]),
-     r"config\.json: sliding window on only some layers"),
+    (
+        "mixed qwen windows",
+        _update(
+            architectures=["Qwen2ForCausalLM"],
+            use_sliding_window=True,
+            sliding_window=8,
+            layer_types=["full_attention", "sliding_attention"],
+        ),
+        r"config\.json: sliding window on only some layers",
+    ),
 ]
 
 
@@ -159,16 +195,16 @@ CONFIG_DAMAGE = [
 def test_bad_config_is_refused_naming_config_json(tmp_path, name, edit, message):
     _, path = _export(tmp_path)
     file = os.path.join(path, "config.json")
-    hf = json.load(open(file))
+    hf = json.loads(pathlib.Path(file).read_text())
     edit(hf)
-    json.dump(hf, open(file, "w"))
+    pathlib.Path(file).write_text(json.dumps(hf))
     with pytest.raises(ValueError, match=message):
         load_hf_model(path)
 
 
 def test_config_that_is_not_json_is_refused(tmp_path):
     _, path = _export(tmp_path)
-    open(os.path.join(path, "config.json"), "w").write("{not json")
+    pathlib.Path(path, "config.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"config\.json: not valid JSON"):
         load_hf_model(path)
 
@@ -177,7 +213,7 @@ def test_eos_list_from_generation_config(tmp_path):
     """generation_config.json wins over config.json; a list of eos ids ends a request on any of them."""
     _, path = _export(tmp_path)
     _edit_config(path, eos_token_id=9)
-    json.dump({"eos_token_id": [5, 7, 11], "bos_token_id": 3}, open(os.path.join(path, "generation_config.json"), "w"))
+    pathlib.Path(path, "generation_config.json").write_text(json.dumps({"eos_token_id": [5, 7, 11], "bos_token_id": 3}))
     cfg = read_hf_config(path)
     assert (cfg.eos_token_id, cfg.extra_eos_token_ids, cfg.bos_token_id) == (5, (7, 11), 3)
     engine = LLMEngine(path, max_num_seqs=2, max_num_batched_tokens=16, page_size=8, num_pages=8, warmup=False)
@@ -188,7 +224,7 @@ def test_eos_list_from_generation_config(tmp_path):
 
 
 def test_engine_takes_a_checkpoint_path_and_refuses_bad_paths(tmp_path):
-    model, path = _export(tmp_path)
+    _model, path = _export(tmp_path)
     engine = LLMEngine(path, max_num_seqs=2, max_num_batched_tokens=16, page_size=8, num_pages=8, warmup=False)
     assert engine.tokenizer is None
     with pytest.raises(ValueError, match="text prompts need a tokenizer"):
@@ -198,5 +234,5 @@ def test_engine_takes_a_checkpoint_path_and_refuses_bad_paths(tmp_path):
     with pytest.raises(ValueError, match="no such checkpoint directory"):
         LLMEngine(str(tmp_path / "nowhere" / "model"), warmup=False)
     os.remove(os.path.join(path, "model.safetensors"))
-    with pytest.raises(ValueError, match="no model.safetensors or model.safetensors.index.json"):
+    with pytest.raises(ValueError, match=r"no model\.safetensors or model\.safetensors\.index\.json"):
         LLMEngine(path, warmup=False)

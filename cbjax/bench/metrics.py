@@ -38,7 +38,6 @@ __all__ = ["SLO_KEYS", "RequestRecord", "StepRecord", "percentiles", "request_la
 
 FINISH_REASONS = ("stop", "length", "abort", None)
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
-STATS = ("mean", "p50", "p90", "p99", "std")
 LATENCIES = ("ttft", "tpot", "itl", "e2e", "queue")
 NAN = float("nan")
 

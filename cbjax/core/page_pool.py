@@ -55,11 +55,6 @@ class PagePool:
     def num_used(self) -> int:
         return self.num_pages - self.num_free
 
-    @property
-    def num_cached(self) -> int:
-        """Pages findable by hash (in use or evictable)."""
-        return len(self._page_of_hash)
-
     def can_allocate(self, n: int) -> bool:
         return n <= self.num_free
 

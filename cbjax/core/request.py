@@ -38,7 +38,6 @@ class Request:
         "num_computed_tokens",
         "num_preemptions",
         "num_registered_pages",
-        "num_served_tokens",
         "output_token_ids",
         "page_hashes",
         "pages",
@@ -87,7 +86,6 @@ class Request:
         self.num_registered_pages = 0  # pages[:n] are in the prefix cache (or were offered to it)
         self.admission_order = -1  # increases with every admission (running order, victim choice)
         self.last_scheduled_time = arrival_time  # when the request last got tokens (aging, starvation guards)
-        self.num_served_tokens = 0  # tokens computed for it, recomputes included (mlfq, fair share)
         self.policy_state = None  # whatever the policy keeps per request (mlfq: level and attained service)
 
     @property
@@ -105,10 +103,6 @@ class Request:
     @property
     def num_remaining_output_tokens(self) -> int:
         return self.params.max_tokens - len(self.output_token_ids)
-
-    @property
-    def is_swapped(self) -> bool:
-        return bool(self.host_pages)
 
     @property
     def is_finished(self) -> bool:

@@ -121,7 +121,6 @@ class Scheduler:
         self.running: list[Request] = []  # in admission order
         self._num_admissions = 0
         self.num_preemptions = 0
-        self.num_swap_preemptions = 0
         self.num_swapped_out_pages = 0
         self.num_swapped_in_pages = 0
         self.num_recomputed_tokens = 0  # computed tokens whose KV a recompute preemption dropped
@@ -238,7 +237,6 @@ class Scheduler:
         if req.metrics.first_scheduled_time is None:
             req.metrics.first_scheduled_time = now
         req.last_scheduled_time = now
-        req.num_served_tokens += place.num_new_tokens
         self.policy.on_scheduled(req, place.num_new_tokens, now)
 
     def _pages_wanted(self, place: _Placement, waiting: bool) -> int:
@@ -346,7 +344,6 @@ class Scheduler:
                 req.host_pages = host.allocate(k)
                 step.out.swap_out.extend(zip(req.pages[:k], req.host_pages))
                 self.num_swapped_out_pages += k
-                self.num_swap_preemptions += 1
             else:
                 self.num_recomputed_tokens += req.num_computed_tokens
                 req.num_computed_tokens = 0

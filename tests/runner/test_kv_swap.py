@@ -142,7 +142,7 @@ def test_execute_swap_only_step_and_reset(model):
     out = SchedulerOutput([], 0, [], 0.0, swap_out=[(3, 0), (4, 1)], swap_in=[])
     assert runner.execute(out).shape == (0,)
     assert runner.last_swap_out_bytes == 2 * runner.host_pool.bytes_per_page
-    assert runner.last_device_s == 0.0 and runner.last_host_s == 0.0
+    assert runner.last_device_s == 0.0 and runner.last_padded_tokens == 0
     runner.execute(SchedulerOutput([], 0, [], 0.0, swap_out=[], swap_in=[(0, 8), (1, 9)]))
     assert runner.last_swap_out_bytes == 0 and runner.last_swap_in_bytes == 2 * runner.host_pool.bytes_per_page
     assert np.array_equal(pages_of(snapshot(runner), [8, 9]), pages_of(before, [3, 4]))

@@ -4,6 +4,7 @@ The engine owns the request table, validates input (a bad request is refused wit
 is disturbed), and records per-step statistics for the metrics.
 """
 
+import collections
 import dataclasses
 import math
 import numbers
@@ -22,7 +23,8 @@ from cbjax.model.hf_loader import load_hf_model
 from cbjax.model.llama import Llama, init_model, kv_cache_bytes_per_page
 from cbjax.model.registry import resolve_checkpoint
 from cbjax.model.tokenizer import Tokenizer
-from cbjax.runner.model_runner import ModelRunner
+from cbjax.runner.compile_cache import configure_compilation_cache
+from cbjax.runner.model_runner import ModelRunner, StepHandle
 from cbjax.runner.step_input import BucketTable
 from kernels_pallas.dispatch import resolve_backend
 
@@ -49,6 +51,12 @@ class EngineConfig:
     num_host_pages: int | None = None  # swap: host pool in pages; None: derived from swap_space_gib
     enable_prefix_caching: bool = False  # share the KV pages of identical prompt prefixes (vLLM's option)
     warmup: bool = True  # compile every bucket at start-up
+    # Persistent compilation cache (cbjax/runner/compile_cache.py): "auto" (a folder in the user's cache
+    # directory), "off", or a directory. The CBJAX_COMPILATION_CACHE environment variable overrides it.
+    compilation_cache: str = "auto"
+    # Schedule and start step n+1 before the results of step n reach the host (its sampled tokens are fed to step
+    # n+1 on the device), so host work overlaps the device's. False: one step at a time.
+    async_scheduling: bool = True
 
 
 class LLMEngine:
@@ -103,6 +111,7 @@ class LLMEngine:
             ),
             self.clock,
         )
+        self.compilation_cache_dir = configure_compilation_cache(cfg.compilation_cache)
         self.runner = ModelRunner(
             self.model,
             num_pages=num_pages,
@@ -117,6 +126,8 @@ class LLMEngine:
         self._pending: list[Request] = []  # finished outside a step (aborts) and not yet reported
         self._arrivals = 0
         self.step_records: list[dict] = []
+        self._in_flight: collections.deque = collections.deque()  # (StepHandle, its scheduler counters), oldest first
+        self.num_steps = 0  # steps dispatched
         # Called after the model ran and before its tokens are stamped with the clock's time: a simulation moves
         # its virtual clock here, so a token's time is the end of the step that made it (cbjax.bench.online).
         self.after_execute: Callable[[], None] | None = None
@@ -230,34 +241,35 @@ class LLMEngine:
         self._pending.append(req)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._pending)
+        return self.scheduler.has_unfinished() or bool(self._pending) or bool(self._in_flight)
 
     # ---- the step ---------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One iteration: schedule, run the model once, advance every scheduled sequence. Returns an output for
-        each request that got a token or finished in this step (its `new_token_ids` is the stream delta)."""
+        """One iteration: schedule a step and start it on the device, then receive the results of the step before
+        it, which ran meanwhile (asynchronous scheduling; with async_scheduling=False, of this same step). Returns an
+        output for each request that got a token or finished (its `new_token_ids` is the stream delta)."""
         t0 = time.perf_counter()
         sched = self.scheduler
         before = self._counters()
         out = sched.schedule()
+        dispatched = out.seqs or out.swap_out or out.swap_in
+        if dispatched:
+            handle = self.runner.dispatch(out)
+            self._in_flight.append((handle, {k: v - before[k] for k, v in self._counters().items()}))
+            self.num_steps += 1
+        keep = 1 if self.config.async_scheduling and dispatched else 0
         changed: list[Request] = []
-        ran = not out.is_empty or out.swap_out or out.swap_in
-        if ran:
-            sampled = self.runner.execute(out)
+        while len(self._in_flight) > keep:
+            handle, counts = self._in_flight.popleft()
+            sampled = self.runner.fetch(handle)
             if self.after_execute is not None:
                 self.after_execute()
-            changed = sched.update(out, sampled, self.model_config.eos_token_id, self.clock.now())
+            changed += sched.update(handle.out, sampled, self.model_config.eos_token_id, self.clock.now())
+            # Host time: everything in this call but the waits for the device and the swap copies.
+            host_s = time.perf_counter() - t0 - handle.wait_s - handle.swap_s
+            self._record_step(handle, host_s, counts)
         outputs = [self._output(r, 1) for r in changed] + [self._output(r, 0) for r in self._pending]
         self._pending.clear()
-        if ran:
-            # Host time = everything in the step but the waits for the sampled tokens and for swap copies.
-            device_s, swap_s = self.runner.last_device_s, self.runner.last_swap_s
-            self._record_step(
-                out,
-                time.perf_counter() - t0 - device_s - swap_s,
-                device_s,
-                {k: v - before[k] for k, v in self._counters().items()},
-            )
         return outputs
 
     def _counters(self) -> dict[str, int]:
@@ -273,18 +285,19 @@ class LLMEngine:
         if req.is_finished:
             self.requests.pop(req.request_id, None)
         reason = req.finish_reason.value if req.finish_reason is not None else None
-        new = req.output_token_ids[len(req.output_token_ids) - num_new :] if num_new else []
+        tokens = req.known_output_token_ids
+        new = tokens[len(tokens) - num_new :] if num_new else []
         return RequestOutput(
             req.request_id,
             req.prompt_token_ids,
-            [CompletionOutput(0, list(req.output_token_ids), new, reason)],
+            [CompletionOutput(0, tokens, new, reason)],
             req.is_finished,
             req.metrics,
             error=req.error,
         )
 
-    def _record_step(self, out, host_s: float, device_s: float, counts: dict[str, int]) -> None:
-        sched, runner = self.scheduler, self.runner
+    def _record_step(self, handle: StepHandle, host_s: float, counts: dict[str, int]) -> None:
+        sched, runner, out = self.scheduler, self.runner, handle.out
         self.step_records.append(
             dict(
                 time=self.clock.now(),
@@ -293,15 +306,15 @@ class LLMEngine:
                 num_scheduled_seqs=len(out.seqs),
                 max_num_seqs=self.config.max_num_seqs,
                 num_scheduled_tokens=out.num_batched_tokens,
-                padded_tokens=runner.last_padded_tokens if out.seqs else 0,
+                padded_tokens=handle.padded_tokens,
                 kv_pages_used=sched.pool.num_used,
                 kv_pages_total=sched.pool.num_pages,
                 host_s=host_s,
-                device_s=device_s,
+                device_s=handle.wait_s,
                 compiles=runner.num_compiles,
-                swap_out_bytes=runner.last_swap_out_bytes,
-                swap_in_bytes=runner.last_swap_in_bytes,
-                swap_s=runner.last_swap_s,
+                swap_out_bytes=handle.swap_out_bytes,
+                swap_in_bytes=handle.swap_in_bytes,
+                swap_s=handle.swap_s,
                 **counts,
             )
         )

@@ -1,10 +1,14 @@
 """Shared test helpers: random workloads and the full-forward greedy oracle."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from cbjax import SamplingParams
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 
 
 def random_workload(n: int, seed: int, vocab: int, prompt_range=(1, 300), max_tokens_range=(1, 64)):
@@ -47,15 +51,12 @@ def greedy_reference(model, prompts, max_tokens, width: int) -> list[list[int]]:
 
 def parse_config(argv, config_file: str = "configs/compare_cpu.py"):
     """Parse `argv` with a --config flag on a private FlagValues, as the absl apps do."""
-    import os
-
     from absl import flags
     from ml_collections import config_flags
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     fv = flags.FlagValues()
     argv = ["prog", *argv]
     # config_flags defines the --config.<field> flags from the argv it is given, before parsing it.
-    holder = config_flags.DEFINE_config_file("config", os.path.join(root, config_file), flag_values=fv, sys_argv=argv)
+    holder = config_flags.DEFINE_config_file("config", os.path.join(ROOT, config_file), flag_values=fv, sys_argv=argv)
     fv(argv)
     return holder.value

@@ -1,5 +1,7 @@
 """Token-exactness of the engine against the full-sequence greedy oracle, under every batch mix we make."""
 
+import dataclasses
+
 import pytest
 
 from cbjax import LLM, LLMEngine
@@ -36,20 +38,40 @@ def run_and_check(engine: LLMEngine, prompts, params, ref):
     return engine
 
 
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
 @pytest.mark.parametrize("policy", ["fcfs", "static"])
-def test_greedy_tokens_equal_full_forward(model, workload, policy):
+def test_greedy_tokens_equal_full_forward(model, workload, policy, async_scheduling):
     prompts, params, ref = workload
-    engine = run_and_check(LLMEngine(model, policy=policy, num_pages=256, **OPTS), prompts, params, ref)
+    engine = LLMEngine(model, policy=policy, num_pages=256, async_scheduling=async_scheduling, **OPTS)
+    engine = run_and_check(engine, prompts, params, ref)
     steps = engine.step_records
     assert engine.scheduler.num_preemptions == 0
     # the run really mixed prefill chunks with decodes and chunked long prompts
     assert max(s["num_scheduled_seqs"] for s in steps) == OPTS["max_num_seqs"]
 
 
-def test_greedy_tokens_exact_under_preemption(model, workload):
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_greedy_tokens_exact_under_preemption(model, workload, async_scheduling):
     prompts, params, ref = workload
-    engine = run_and_check(LLMEngine(model, num_pages=40, **OPTS), prompts, params, ref)
+    engine = run_and_check(
+        LLMEngine(model, num_pages=40, async_scheduling=async_scheduling, **OPTS), prompts, params, ref
+    )
     assert engine.scheduler.num_preemptions > 0, "the small pool was meant to force preemption"
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_stop_tokens_end_requests_at_the_same_token(model, workload, async_scheduling):
+    """A stop token ends a request at its first occurrence. Asynchronously, the step after it was already
+    scheduled (and ran) when the stop is seen: its token is dropped and its pages come back all the same."""
+    prompts, params, ref = workload
+    stops = [r[len(r) // 2] for r in ref]
+    want = [r[: r.index(t) + 1] for r, t in zip(ref, stops)]
+    params = [dataclasses.replace(p, stop_token_ids=(t,)) for p, t in zip(params, stops)]
+    engine = LLMEngine(model, num_pages=256, async_scheduling=async_scheduling, **OPTS)
+    outs = LLM.from_engine(engine).generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in outs] == want
+    assert all(o.outputs[0].finish_reason == "stop" for o in outs)
+    assert engine.scheduler.pool.num_free == engine.scheduler.pool.num_pages
 
 
 def test_continuous_batching_takes_fewer_steps_than_static(model, workload):

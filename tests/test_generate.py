@@ -16,9 +16,9 @@ from safetensors import safe_open
 from cbjax import LLM, SamplingParams
 from cbjax.generate import generate, parse_args
 from cbjax.model.registry import ASSETS_DIR, DEFAULT_MODEL, DRAFT_MODEL, packaged_models
+from tests.helpers import ROOT
 
 SMALL = dict(max_num_seqs=4, max_num_batched_tokens=32, page_size=16, num_pages=64)
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")

@@ -238,14 +238,14 @@ class _OnlineRun:
     # ---- the loop -----------------------------------------------------------------------------------------------
     def step(self) -> bool:
         """One engine step; False when nothing ran (a static batch is still waiting to fill)."""
-        steps_before = len(self.engine.step_records)
+        steps_before = self.engine.num_steps
         self.step_started = time.perf_counter()
         outputs = self.engine.step()
         for out in outputs:
             self.submitted[out.request_id] = out
             if out.finished:
                 self.finished[out.request_id] = out
-        ran = len(self.engine.step_records) > steps_before
+        ran = self.engine.num_steps > steps_before
         if ran:
             self.num_steps += 1
             if self.on_step is not None:

@@ -7,7 +7,8 @@ from cbjax.core.policies import POLICIES, make_policy
 from cbjax.core.policy import Policy, SchedulerView
 from cbjax.core.request import FinishReason, Request, RequestStatus
 from cbjax.core.sampling_params import SamplingParams
-from cbjax.core.scheduler import ScheduledSeq, Scheduler, SchedulerConfig, SchedulerOutput
+from cbjax.core.scheduler import Scheduler, SchedulerConfig
+from cbjax.core.scheduler_output import ScheduledSeq, SchedulerOutput
 
 __all__ = [
     "POLICIES",

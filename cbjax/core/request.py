@@ -19,10 +19,19 @@ class FinishReason(str, enum.Enum):
     ABORT = "abort"
 
 
+# An output token sampled on the device whose value the host does not know yet (asynchronous scheduling).
+PENDING_TOKEN = -1
+
+
 class Request:
     """One sequence. Its context is `prompt_token_ids + output_token_ids`; the first `num_computed_tokens` of it
-    have their K/V in the cache (in `pages`). Prefill, decode and recompute after preemption are all the same
-    operation: compute the next uncomputed tokens; when the chunk reaches the end of the context, sample one more.
+    have their K/V in the cache (in `pages`), or will have once the steps already scheduled have run. Prefill,
+    decode and recompute after preemption are all the same operation: compute the next uncomputed tokens; when the
+    chunk reaches the end of the context, sample one more.
+
+    A step that samples appends a `PENDING_TOKEN` when it is scheduled; the sampled value replaces it when the
+    step's results reach the host (`receive_token`). So the next step can be scheduled, and even run (the device
+    feeds the token in), before the host has seen it: `num_pending_tokens` trailing outputs are such tokens.
     """
 
     __slots__ = (
@@ -36,6 +45,7 @@ class Request:
         "last_scheduled_time",
         "metrics",
         "num_computed_tokens",
+        "num_pending_tokens",
         "num_preemptions",
         "num_registered_pages",
         "output_token_ids",
@@ -71,6 +81,7 @@ class Request:
         # The whole context in one list, kept in step with output_token_ids, so packing a step slices one list.
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.num_computed_tokens = 0
+        self.num_pending_tokens = 0
         self.pages: list[int] = []
         self.finish_reason: FinishReason | None = None
         self.metrics = RequestMetrics(arrival_time=arrival_time)
@@ -108,9 +119,32 @@ class Request:
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
 
+    @property
+    def known_output_token_ids(self) -> list[int]:
+        """The outputs the host has received (without the trailing pending ones)."""
+        return self.output_token_ids[: len(self.output_token_ids) - self.num_pending_tokens]
+
     def append_token(self, token: int) -> None:
         self.output_token_ids.append(token)
         self.all_token_ids.append(token)
+
+    def append_pending_token(self) -> None:
+        self.append_token(PENDING_TOKEN)
+        self.num_pending_tokens += 1
+
+    def receive_token(self, token: int) -> int:
+        """The value of the oldest pending output; returns its index in output_token_ids."""
+        i = len(self.output_token_ids) - self.num_pending_tokens
+        self.output_token_ids[i] = token
+        self.all_token_ids[self.num_prompt_tokens + i] = token
+        self.num_pending_tokens -= 1
+        return i
+
+    def drop_outputs_after(self, i: int) -> None:
+        """Forget outputs past index i (pending ones that a stop made moot)."""
+        del self.output_token_ids[i + 1 :]
+        del self.all_token_ids[self.num_prompt_tokens + i + 1 :]
+        self.num_pending_tokens = 0
 
     def __repr__(self) -> str:
         return (

@@ -14,6 +14,7 @@ from cbjax.core.page_pool import PagePool, chain_hashes
 from cbjax.core.policies import make_policy
 from cbjax.core.policy import Policy
 from cbjax.core.request import FinishReason, Request, RequestStatus
+from cbjax.core.scheduler_output import ScheduledSeq, SchedulerOutput
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,29 +43,6 @@ class SchedulerConfig:
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
         if self.num_host_pages < 0:
             raise ValueError(f"num_host_pages must be >= 0, got {self.num_host_pages}")
-
-
-@dataclasses.dataclass
-class ScheduledSeq:
-    request: Request
-    num_computed_tokens: int  # tokens already in the cache before this step
-    num_new_tokens: int  # tokens computed this step
-    samples_token: bool  # the chunk reaches the end of the context: the step samples one new token for it
-
-
-@dataclasses.dataclass
-class SchedulerOutput:
-    seqs: list[ScheduledSeq]
-    num_batched_tokens: int
-    preempted: list[Request]
-    time: float
-    # KV pages to copy before the step runs, swap-outs first: (device page, host page) and (host page, device page).
-    swap_out: list[tuple[int, int]] = dataclasses.field(default_factory=list)
-    swap_in: list[tuple[int, int]] = dataclasses.field(default_factory=list)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.seqs
 
 
 def pages_for(num_tokens: int, page_size: int) -> int:
@@ -135,6 +113,7 @@ class Scheduler:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
+        request.drop_outputs_after(len(request.known_output_token_ids) - 1)  # what was sampled but not received
         self._finish(request, FinishReason.ABORT)
 
     def has_unfinished(self) -> bool:
@@ -171,7 +150,7 @@ class Scheduler:
             if step.budget <= 0:
                 break
             waiting = req.status is not RequestStatus.RUNNING
-            if id(req) in step.preempted or (waiting and not step.may_admit):
+            if id(req) in step.preempted or (waiting and not step.may_admit) or self._finishes_pending(req):
                 continue
             place = self._placement(req, step.budget)
             if place is None:
@@ -224,20 +203,28 @@ class Scheduler:
 
     def _commit(self, req: Request, place: _Placement, step: _Step) -> None:
         """Schedule `req` this step as `place` describes: admit it if waiting, give it its pages, charge the
-        budget."""
+        budget. Its tokens count as computed from now on, and a token it samples is pending until `update`."""
         if req.status is not RequestStatus.RUNNING:
             self._admit(req)
         self._place(req, place, step)
         end = place.num_computed_tokens + place.num_new_tokens
-        step.out.seqs.append(
-            ScheduledSeq(req, place.num_computed_tokens, place.num_new_tokens, samples_token=end == req.num_tokens)
-        )
+        samples = end == req.num_tokens
+        step.out.seqs.append(ScheduledSeq(req, place.num_computed_tokens, place.num_new_tokens, samples))
         step.budget -= place.num_new_tokens
         now = step.out.time
         if req.metrics.first_scheduled_time is None:
             req.metrics.first_scheduled_time = now
         req.last_scheduled_time = now
         self.policy.on_scheduled(req, place.num_new_tokens, now)
+        req.num_computed_tokens = end
+        if samples:
+            req.append_pending_token()
+
+    def _finishes_pending(self, req: Request) -> bool:
+        """Its pending token is its last (max_tokens or max_model_len): it finishes when that token arrives."""
+        return req.num_pending_tokens > 0 and (
+            len(req.output_token_ids) >= req.params.max_tokens or req.num_tokens >= self.config.max_model_len
+        )
 
     def _pages_wanted(self, place: _Placement, waiting: bool) -> int:
         # A newcomer also leaves the watermark free, so running sequences can grow.
@@ -316,7 +303,7 @@ class Scheduler:
     ) -> bool:
         """Preempt running requests ranked below `req` (as the policy allows) until it has a slot (need_slot) or
         `target` free pages. Returns whether that was reached; preempts nobody when it cannot be."""
-        lower = [r for r in lower_ranked if r.status is RequestStatus.RUNNING]
+        lower = [r for r in lower_ranked if r.status is RequestStatus.RUNNING and not self._finishes_pending(r)]
         candidates = self.policy.victims(req, lower)
         if not candidates:
             return False
@@ -362,29 +349,33 @@ class Scheduler:
     def update(
         self, out: SchedulerOutput, sampled: Sequence[int], eos_token_id: int | None, now: float
     ) -> list[Request]:
-        """Advance the scheduled sequences by the step's results; return those with a new token or finished."""
+        """The results of step `out` reached the host: each sampled token replaces its pending placeholder, newly
+        full pages go to the prefix cache, stopped requests finish. Returns the requests that got a token.
+
+        With asynchronous scheduling the next step is already scheduled (and running) when this is called, so a
+        request may have been preempted since (it still receives its token) or have a newer pending token (dropped
+        if this one stops it)."""
         changed = []
         caching = self.pool.enable_caching
         for seq, token in zip(out.seqs, sampled):
             req = seq.request
-            if req.status is not RequestStatus.RUNNING:
-                continue  # aborted while the step ran
-            req.num_computed_tokens += seq.num_new_tokens
-            if caching:
+            if req.status is RequestStatus.FINISHED:
+                continue  # aborted, or stopped while this step ran
+            if seq.samples_token:
+                i = req.receive_token(int(token))
+                m = req.metrics
+                if m.first_token_time is None:
+                    m.first_token_time = now
+                m.token_times.append(now)
+                changed.append(req)
+            if caching and req.status is RequestStatus.RUNNING:
                 self._register_full_pages(req)
-            if not seq.samples_token:
-                continue
-            token = int(token)
-            req.append_token(token)
-            m = req.metrics
-            if m.first_token_time is None:
-                m.first_token_time = now
-            m.token_times.append(now)
-            reason = self._stop_reason(req, token, eos_token_id)
-            if reason is not None:
-                self.running.remove(req)
-                self._finish(req, reason, now)
-            changed.append(req)
+            if seq.samples_token:
+                reason = self._stop_reason(req, i, eos_token_id)
+                if reason is not None:
+                    req.drop_outputs_after(i)
+                    (self.running if req.status is RequestStatus.RUNNING else self.waiting).remove(req)
+                    self._finish(req, reason, now)
         return changed
 
     def _register_full_pages(self, req: Request) -> None:
@@ -397,11 +388,12 @@ class Scheduler:
                 self.pool.register(req.pages[i], req.page_hashes[i])
             req.num_registered_pages = full
 
-    def _stop_reason(self, req: Request, token: int, eos_token_id: int | None) -> FinishReason | None:
-        p = req.params
+    def _stop_reason(self, req: Request, i: int, eos_token_id: int | None) -> FinishReason | None:
+        """Whether output i (just received) ends the request."""
+        p, token = req.params, req.output_token_ids[i]
         if token in p.stop_token_ids or (not p.ignore_eos and eos_token_id is not None and token == eos_token_id):
             return FinishReason.STOP
-        if len(req.output_token_ids) >= p.max_tokens or req.num_tokens >= self.config.max_model_len:
+        if i + 1 >= p.max_tokens or req.num_prompt_tokens + i + 1 >= self.config.max_model_len:
             return FinishReason.LENGTH
         return None
 

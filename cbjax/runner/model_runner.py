@@ -1,5 +1,6 @@
 """ModelRunner: owns the parameters and the paged KV cache on device and runs one jitted step per call."""
 
+import dataclasses
 import functools
 import time
 
@@ -8,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from cbjax.core.scheduler import SchedulerOutput
+from cbjax.core.scheduler_output import SchedulerOutput
 from cbjax.model.llama import AttentionMetadata, Llama
 from cbjax.runner import kv_swap
 from cbjax.runner.compile_counter import CompileCounter
@@ -44,15 +45,31 @@ def _intern(value) -> _Static:
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "backend", "interpret"), donate_argnames=("kv_caches",))
-def _step(params, kv_caches, inp: StepInput, *, graphdef, backend: str, interpret: bool):
-    """params: the model state's leaves; graphdef: interned (GraphDef, state treedef)."""
+def _step(params, kv_caches, inp: StepInput, prev_tokens, *, graphdef, backend: str, interpret: bool):
+    """params: the model state's leaves; graphdef: interned (GraphDef, state treedef); prev_tokens: the previous
+    step's sampled tokens [max_num_seqs], still on the device. Returns this step's, padded the same way."""
     module_def, treedef = graphdef.value
     model = nnx.merge(module_def, jax.tree.unflatten(treedef, params))
+    token_ids = jnp.where(inp.token_src >= 0, prev_tokens[jnp.maximum(inp.token_src, 0)], inp.token_ids)
     md = AttentionMetadata(inp.slot_mapping, inp.kv_lens, inp.page_indices, inp.cu_q_lens, inp.num_seqs)
-    hidden, kv_caches = model(inp.token_ids, inp.positions, kv_caches, md, backend, interpret)
+    hidden, kv_caches = model(token_ids, inp.positions, kv_caches, md, backend, interpret)
     logits = model.logits(hidden[inp.sample_idx])  # only each sequence's last token: [B, V], not [T, V]
     tokens = sample(logits, inp.temperature, inp.top_k, inp.top_p, inp.seeds, inp.counters)
-    return tokens, kv_caches
+    return jnp.zeros_like(prev_tokens).at[: tokens.shape[0]].set(tokens), kv_caches
+
+
+@dataclasses.dataclass
+class StepHandle:
+    """A dispatched step: what it ran and what it cost; its tokens stay on the device until `fetch`."""
+
+    out: SchedulerOutput
+    tokens: jax.Array | None  # [max_num_seqs] int32 on the device (None: a swap-only step)
+    order: list[int]  # slot i holds out.seqs[order[i]]
+    padded_tokens: int = 0  # the token bucket
+    swap_s: float = 0.0  # wall time of the step's KV copies (they finish before dispatch returns)
+    swap_out_bytes: int = 0
+    swap_in_bytes: int = 0
+    wait_s: float = 0.0  # how long fetch waited for the device
 
 
 class ModelRunner:
@@ -112,11 +129,13 @@ class ModelRunner:
             )
         )
         self.compiles = CompileCounter()  # programs this runner's calls compiled (warmup included)
-        self.last_device_s = 0.0
-        self.last_padded_tokens = 0
-        self._reset_swap_stats()
         self.swap_out_bytes_total = 0
         self.swap_in_bytes_total = 0
+        # The last dispatched step's sampled tokens, on the device, and each of its requests' slot: the next step
+        # reads its pending tokens from there.
+        self._prev_tokens = jnp.zeros(buckets.max_num_seqs, jnp.int32)
+        self._prev_slot_of: dict = {}
+        self.last_step: StepHandle | None = None  # the last dispatched step
 
     @property
     def num_compiles(self) -> int:
@@ -125,14 +144,15 @@ class ModelRunner:
     def _run(self, inp: StepInput):
         with self.compiles.counting():
             tokens, self.kv_caches = _step(
-                self.params, self.kv_caches, inp, graphdef=self.graphdef, backend=self.backend, interpret=self.interpret
+                self.params,
+                self.kv_caches,
+                inp,
+                self._prev_tokens,
+                graphdef=self.graphdef,
+                backend=self.backend,
+                interpret=self.interpret,
             )
         return tokens
-
-    def _reset_swap_stats(self) -> None:
-        self.last_swap_s = 0.0
-        self.last_swap_out_bytes = 0
-        self.last_swap_in_bytes = 0
 
     def warmup(self) -> float:
         """Compile every token bucket's step, and every swap bucket when swapping is on; returns seconds spent."""
@@ -147,11 +167,11 @@ class ModelRunner:
                 self.kv_caches = self.host_pool.warmup(self.kv_caches)
         return time.perf_counter() - t0
 
-    def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
+    def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> tuple[float, int, int]:
         """Copy KV pages between device and host: every (device page, host page) of `swap_out` first, then every
         (host page, device page) of `swap_in`, so a swap-in may reuse a device page freed by a swap-out. Returns
-        once the copies are done. Raises ValueError (before copying anything) without a host pool, for page
-        indices out of range, or for a destination page written twice."""
+        once the copies are done, with (seconds, bytes out, bytes in). Raises ValueError (before copying anything)
+        without a host pool, for page indices out of range, or for a destination page written twice."""
         if self.host_pool is None:
             raise ValueError("KV swap needs a host pool, but this runner has num_host_pages=0 (swap disabled)")
         pool = self.host_pool
@@ -162,30 +182,40 @@ class ModelRunner:
                 pool.swap_out(self.kv_caches, out_dev, out_host)  # waits for the host copy
             if len(in_host):
                 self.kv_caches = pool.swap_in(self.kv_caches, in_host, in_dev)
-                jax.block_until_ready(self.kv_caches)  # so last_swap_s holds the whole copy, not just its dispatch
-        self.last_swap_s = time.perf_counter() - t0
-        self.last_swap_out_bytes = len(out_dev) * pool.bytes_per_page
-        self.last_swap_in_bytes = len(in_host) * pool.bytes_per_page
-        self.swap_out_bytes_total += self.last_swap_out_bytes
-        self.swap_in_bytes_total += self.last_swap_in_bytes
+                jax.block_until_ready(self.kv_caches)  # so the time holds the whole copy, not just its dispatch
+        out_bytes, in_bytes = len(out_dev) * pool.bytes_per_page, len(in_host) * pool.bytes_per_page
+        self.swap_out_bytes_total += out_bytes
+        self.swap_in_bytes_total += in_bytes
+        return time.perf_counter() - t0, out_bytes, in_bytes
+
+    def dispatch(self, out: SchedulerOutput) -> StepHandle:
+        """Start one step: its KV swaps first (if any; they complete here), then the forward pass (if any sequence
+        is scheduled), which runs asynchronously. A pending token of a request (sampled by the previously
+        dispatched step) is fed in on the device."""
+        handle = StepHandle(out, None, [])
+        if out.swap_out or out.swap_in:
+            handle.swap_s, handle.swap_out_bytes, handle.swap_in_bytes = self.swap(out.swap_out, out.swap_in)
+        if out.seqs:
+            inp, handle.order = pack_step(out, self.buckets, self.pad_page, self._prev_slot_of)
+            handle.tokens = self._prev_tokens = self._run(inp)
+            handle.padded_tokens = inp.token_ids.shape[0]
+            seqs = out.seqs
+            self._prev_slot_of = {seqs[j].request: i for i, j in enumerate(handle.order) if seqs[j].samples_token}
+        self.last_step = handle
+        return handle
+
+    def fetch(self, handle: StepHandle) -> np.ndarray:
+        """Wait for a dispatched step; returns one sampled token per scheduled sequence, in out.seqs order (ignored
+        where it does not sample)."""
+        if handle.tokens is None:
+            return np.empty(0, np.int32)
+        t0 = time.perf_counter()
+        host_tokens = np.asarray(handle.tokens)  # the one device -> host copy of the step
+        handle.wait_s = time.perf_counter() - t0
+        result = np.empty(len(handle.order), np.int32)
+        result[handle.order] = host_tokens[: len(handle.order)]
+        return result
 
     def execute(self, out: SchedulerOutput) -> np.ndarray:
-        """Run one step: the step's KV swaps first (if any), then the forward pass (if any sequence is scheduled).
-        Returns one sampled token per scheduled sequence (ignored where it does not sample)."""
-        if out.swap_out or out.swap_in:
-            self.swap(out.swap_out, out.swap_in)
-        else:
-            self._reset_swap_stats()
-        if not out.seqs:  # a swap-only step
-            self.last_device_s = 0.0
-            self.last_padded_tokens = 0
-            return np.empty(0, np.int32)
-        inp, order = pack_step(out, self.buckets, self.pad_page)
-        tokens = self._run(inp)
-        t0 = time.perf_counter()
-        host_tokens = np.asarray(tokens)  # the one device -> host copy of the step
-        self.last_device_s = time.perf_counter() - t0  # the wait for the step's result
-        self.last_padded_tokens = inp.token_ids.shape[0]
-        result = np.empty(len(order), np.int32)
-        result[order] = host_tokens[: len(order)]
-        return result
+        """dispatch + fetch: one step, synchronously."""
+        return self.fetch(self.dispatch(out))

@@ -9,14 +9,18 @@ token bucket, all compiled at warmup.
 
 import dataclasses
 import typing
+from collections.abc import Mapping
 
 import numpy as np
 
-from cbjax.core.scheduler import SchedulerOutput
+from cbjax.core.request import PENDING_TOKEN, Request
+from cbjax.core.scheduler_output import SchedulerOutput
 
 
 class StepInput(typing.NamedTuple):
     token_ids: np.ndarray  # [T] int32
+    # [T] int32: -1, or the slot of the previous step whose sampled token (not yet on the host) is this token
+    token_src: np.ndarray
     positions: np.ndarray  # [T] int32
     slot_mapping: np.ndarray  # [T] int32: page * G + offset; padding -> the spare page
     kv_lens: np.ndarray  # [S] int32: context length after this step (0 = empty slot)
@@ -71,6 +75,7 @@ def empty_step_input(T: int, S: int, W: int, pad_page: int, page_size: int) -> S
     """All-padding input of the given shape (also the base that pack_step fills in)."""
     return StepInput(
         token_ids=np.zeros(T, np.int32),
+        token_src=np.full(T, -1, np.int32),
         positions=np.zeros(T, np.int32),
         slot_mapping=np.full(T, pad_page * page_size, np.int32),
         kv_lens=np.zeros(S, np.int32),
@@ -86,9 +91,14 @@ def empty_step_input(T: int, S: int, W: int, pad_page: int, page_size: int) -> S
     )
 
 
-def pack_step(out: SchedulerOutput, buckets: BucketTable, pad_page: int) -> tuple[StepInput, list[int]]:
+def pack_step(
+    out: SchedulerOutput, buckets: BucketTable, pad_page: int, prev_slot_of: Mapping[Request, int]
+) -> tuple[StepInput, list[int]]:
     """Lay the scheduled sequences out as one flat padded batch, decodes first (the attention's decode loop then
-    visits only the leading slots). Returns the input and `order`: slot i holds out.seqs[order[i]]."""
+    visits only the leading slots). Returns the input and `order`: slot i holds out.seqs[order[i]].
+
+    A pending token (sampled by the previous step, not yet on the host) is read on the device from that step's
+    output: `prev_slot_of` gives each request's slot in it."""
     G = buckets.page_size
     seqs = out.seqs
     order = sorted(range(len(seqs)), key=lambda i: seqs[i].num_new_tokens > 1)
@@ -101,6 +111,9 @@ def pack_step(out: SchedulerOutput, buckets: BucketTable, pad_page: int) -> tupl
         r = s.request
         c, k = s.num_computed_tokens, s.num_new_tokens
         tok[off : off + k] = r.all_token_ids[c : c + k]
+        if r.all_token_ids[c + k - 1] == PENDING_TOKEN:  # only ever a decode's input
+            tok[off + k - 1] = 0
+            inp.token_src[off + k - 1] = prev_slot_of[r]
         if k == 1:
             pos[off] = c
             slot[off] = r.pages[c // G] * G + c % G
@@ -118,7 +131,7 @@ def pack_step(out: SchedulerOutput, buckets: BucketTable, pad_page: int) -> tupl
         inp.top_k[i] = sp.top_k
         inp.top_p[i] = sp.top_p
         inp.seeds[i] = r.seed
-        inp.counters[i] = len(r.output_token_ids)
+        inp.counters[i] = c + k - r.num_prompt_tokens  # the index of the output this slot samples
     inp.cu_q_lens[len(seqs) + 1 :] = off
     inp.num_seqs[0] = len(seqs)
     return inp, order

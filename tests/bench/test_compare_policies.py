@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from experiments import compare_policies as cp
+from tests.helpers import ROOT
 from tests.helpers import parse_config as parse
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(ROOT, "configs", "compare_tiny.py")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FILES = (

@@ -16,9 +16,9 @@ from cbjax.core.policies import POLICIES
 from cbjax.engine import EngineConfig
 from cbjax.model.config import get_model_config
 from experiments.compare_policies import resolve_config
+from tests.helpers import ROOT
 from tests.helpers import parse_config as parse
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The comparison family: every config of experiments/compare_policies.
 CONFIGS = sorted(
     glob.glob(os.path.join(ROOT, "configs", "compare_*.py"))

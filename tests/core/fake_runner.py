@@ -8,7 +8,9 @@ applies `next_token` to the true context. Writes into a page another sequence al
 shared (prefix-cached) pages are read-only.
 """
 
-from cbjax.core.scheduler import Scheduler, SchedulerOutput
+from cbjax.core.request import PENDING_TOKEN
+from cbjax.core.scheduler import Scheduler
+from cbjax.core.scheduler_output import SchedulerOutput
 
 
 def next_token(context: tuple, vocab_size: int) -> int:
@@ -38,6 +40,9 @@ class FakeRunner:
         self.host: dict[tuple[int, int], tuple[int, int]] = {}
         self.pages_swapped_out = 0
         self.pages_swapped_in = 0
+        # What the previous step sampled, by request: the value of a pending token, as the real runner feeds it
+        # in on the device (asynchronous scheduling).
+        self.last_sampled: dict[str, int] = {}
 
     def execute(self, out: SchedulerOutput) -> list[int]:
         G = self.G
@@ -65,10 +70,14 @@ class FakeRunner:
                 assert self.sched.pool.refcount(page) == 1 and holders[page] == 1, (
                     f"{r.request_id} writes position {pos} into shared page {page}"
                 )
-                self.kv[page, pos % G] = (r.all_token_ids[pos], pos)
+                token = r.all_token_ids[pos]
+                if token == PENDING_TOKEN:
+                    token = self.last_sampled[r.request_id]
+                self.kv[page, pos % G] = (token, pos)
         tokens = []
         for seq in out.seqs:
             r, n = seq.request, seq.num_computed_tokens + seq.num_new_tokens
             ctx = tuple(self.kv.get((r.pages[p // G], p % G)) for p in range(n))
-            tokens.append(next_token(ctx, self.vocab_size) if None not in ctx else -1)
+            tokens.append(next_token(ctx, self.vocab_size) if None not in ctx else -2)
+        self.last_sampled = {seq.request.request_id: t for seq, t in zip(out.seqs, tokens) if seq.samples_token}
         return tokens

@@ -27,6 +27,8 @@ class Case:
     config: SchedulerConfig
     policy_options: dict
     requests: list  # (arrival step, prompt, max_tokens, priority, tenant, deadline, abort step or None)
+    # Asynchronous scheduling: step n+1 is scheduled (and run) before the results of step n are received.
+    asynchronous: bool = False
 
 
 @st.composite
@@ -83,7 +85,7 @@ def cases(draw):
                 draw(st.none() | st.integers(0, 30)) if draw(st.integers(0, 5)) == 0 else None,
             )
         )
-    return Case(config, options, requests)
+    return Case(config, options, requests, asynchronous=draw(st.booleans()))
 
 
 def check_step(s: Scheduler, out) -> None:
@@ -116,7 +118,8 @@ def run_case(case: Case) -> None:
     reqs, expected = {}, {}
     pending = sorted(enumerate(case.requests), key=lambda x: x[1][0])
     step = 0
-    while pending or s.has_unfinished():
+    in_flight = None  # (step, its sampled tokens) whose results the scheduler has not received yet
+    while pending or s.has_unfinished() or in_flight:
         while pending and pending[0][1][0] <= step:
             i, (_, prompt, max_tokens, prio, tenant, slack, abort_at) = pending.pop(0)
             r = Request(
@@ -140,7 +143,12 @@ def run_case(case: Case) -> None:
         out = s.schedule()
         tokens = runner.execute(out)
         clock.advance(0.001)
-        s.update(out, tokens, EOS, clock.now())
+        if case.asynchronous:
+            if in_flight is not None:
+                s.update(*in_flight, EOS, clock.now())
+            in_flight = (out, tokens) if out.seqs else None
+        else:
+            s.update(out, tokens, EOS, clock.now())
         check_step(s, out)
         step += 1
         assert step < 5000, "requests did not finish"

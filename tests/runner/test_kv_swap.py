@@ -8,7 +8,7 @@ import pytest
 
 from cbjax.core.request import Request
 from cbjax.core.sampling_params import SamplingParams
-from cbjax.core.scheduler import ScheduledSeq, SchedulerOutput
+from cbjax.core.scheduler_output import ScheduledSeq, SchedulerOutput
 from cbjax.model import get_model_config, init_model
 from cbjax.model.llama import kv_cache_bytes_per_page
 from cbjax.runner import kv_swap
@@ -113,10 +113,9 @@ def test_no_compiles_after_warmup_and_exact_bytes(model):
     for n_out, n_in in [(1, 0), (0, 1), (3, 2), (4, 4), (5, 7), (8, 8), (11, 3), (16, 13), (2, 16)]:
         out = [(d, h) for d, h in zip(range(n_out), range(n_out))]
         inn = [(h, d) for h, d in zip(range(HOST_PAGES - n_in, HOST_PAGES), range(NUM_PAGES - n_in, NUM_PAGES))]
-        runner.swap(out, inn)
-        assert runner.last_swap_out_bytes == n_out * per_page
-        assert runner.last_swap_in_bytes == n_in * per_page
-        assert runner.last_swap_s > 0
+        swap_s, out_bytes, in_bytes = runner.swap(out, inn)
+        assert (out_bytes, in_bytes) == (n_out * per_page, n_in * per_page)
+        assert swap_s > 0
         total_out += n_out * per_page
         total_in += n_in * per_page
     assert (runner.swap_out_bytes_total, runner.swap_in_bytes_total) == (total_out, total_in)
@@ -141,13 +140,17 @@ def test_execute_swap_only_step_and_reset(model):
     before = snapshot(runner)
     out = SchedulerOutput([], 0, [], 0.0, swap_out=[(3, 0), (4, 1)], swap_in=[])
     assert runner.execute(out).shape == (0,)
-    assert runner.last_swap_out_bytes == 2 * runner.host_pool.bytes_per_page
-    assert runner.last_device_s == 0.0 and runner.last_padded_tokens == 0
+    step = runner.last_step
+    assert step.swap_out_bytes == 2 * runner.host_pool.bytes_per_page
+    assert step.wait_s == 0.0 and step.padded_tokens == 0 and step.tokens is None
     runner.execute(SchedulerOutput([], 0, [], 0.0, swap_out=[], swap_in=[(0, 8), (1, 9)]))
-    assert runner.last_swap_out_bytes == 0 and runner.last_swap_in_bytes == 2 * runner.host_pool.bytes_per_page
+    assert (
+        runner.last_step.swap_out_bytes == 0 and runner.last_step.swap_in_bytes == 2 * runner.host_pool.bytes_per_page
+    )
     assert np.array_equal(pages_of(snapshot(runner), [8, 9]), pages_of(before, [3, 4]))
     runner.execute(SchedulerOutput([], 0, [], 0.0))  # no swaps: the last_* fields go back to 0
-    assert (runner.last_swap_s, runner.last_swap_out_bytes, runner.last_swap_in_bytes) == (0.0, 0, 0)
+    step = runner.last_step
+    assert (step.swap_s, step.swap_out_bytes, step.swap_in_bytes) == (0.0, 0, 0)
     assert runner.swap_in_bytes_total == 2 * runner.host_pool.bytes_per_page
 
 
@@ -173,7 +176,7 @@ def test_forward_after_swap_in_to_other_pages_matches(model):
         SchedulerOutput([_seq(prompt, [9, 6, 12], 9, 1, True)], 1, [], 0.0, swap_in=[(4, 9), (0, 6), (7, 12)])
     )
     assert got.tolist() == want.tolist()
-    assert runner.last_swap_in_bytes == 3 * runner.host_pool.bytes_per_page
+    assert runner.last_step.swap_in_bytes == 3 * runner.host_pool.bytes_per_page
 
 
 def test_bfloat16_round_trip(model):

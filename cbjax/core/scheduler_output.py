@@ -1,0 +1,33 @@
+"""What the scheduler hands the runner for one step: the sequences, how many tokens each, and the KV swaps."""
+
+import dataclasses
+
+from cbjax.core.request import Request
+
+
+@dataclasses.dataclass
+class ScheduledSeq:
+    """One sequence of a step: it computes tokens [num_computed_tokens, num_computed_tokens + num_new_tokens) of its
+    context; the page table and token ids are read from its Request."""
+
+    request: Request
+    num_computed_tokens: int  # tokens already in the cache before this step
+    num_new_tokens: int  # tokens computed this step
+    samples_token: bool  # the chunk reaches the end of the context: the step samples one new token for it
+
+
+@dataclasses.dataclass
+class SchedulerOutput:
+    """One step's plan."""
+
+    seqs: list[ScheduledSeq]
+    num_batched_tokens: int
+    preempted: list[Request]
+    time: float
+    # KV pages to copy before the step runs, swap-outs first: (device page, host page) and (host page, device page).
+    swap_out: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    swap_in: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs

@@ -6,6 +6,11 @@ Greedy, EOS ignored, warmup (compiling every bucket) excluded from the timed reg
 {method, requests, output_tokens, wall_s, output_tok_per_s, ...} with the engine options used and a per-step
 profile (host vs device time, padding waste, compiles after warmup). With --repeats N the workload runs N times
 on the same engine and wall_s is the median.
+
+--replay_device: after the timed runs, the last run's steps (their packed inputs, recorded) run again back to back
+with no host work in between. That is the device time the run needed; `host_overhead` = 1 - device_only_s / wall_s
+is the share of the wall time the host added, overlapped or not (with async scheduling the host packs step n+1
+while step n runs, so only what it could not hide shows).
 """
 
 import json
@@ -27,9 +32,35 @@ flags.DEFINE_float("kv_cache_memory_gib", 2.0, "KV cache budget when --num_pages
 flags.DEFINE_integer("max_model_len", None, "default: the workload's longest prompt + output, at least 512")
 flags.DEFINE_string("dtype", "float32", "float32 or bfloat16")
 flags.DEFINE_string("attention_backend", "auto", "auto | pallas | xla")
+flags.DEFINE_bool("async_scheduling", True, "schedule step n+1 while step n runs")
 flags.DEFINE_integer("repeats", 1, "timed runs on the same engine; wall_s is their median")
+flags.DEFINE_bool("replay_device", False, "time the last run's steps again with no host work (device-only time)")
 flags.DEFINE_string("dump_dir", None, "write the generated token ids to DIR/cbjax.json (for peers/compare.py)")
 FLAGS = flags.FLAGS
+
+
+def _record_inputs(runner) -> list:
+    """Wrap the runner's device call so the packed input of every step is kept (for the device-only replay)."""
+    inputs, run = [], runner._run
+
+    def recording(inp):
+        inputs.append(inp)
+        return run(inp)
+
+    runner._run = recording
+    return inputs
+
+
+def _replay(runner, inputs) -> float:
+    """Seconds to run the recorded steps back to back, waiting only at the end."""
+    import jax
+
+    run = type(runner)._run
+    t0 = time.perf_counter()
+    for inp in inputs:
+        tokens = run(runner, inp)
+    jax.block_until_ready(tokens)
+    return time.perf_counter() - t0
 
 
 def main(argv):
@@ -48,6 +79,7 @@ def main(argv):
         max_model_len=FLAGS.max_model_len or max(max_len, 512),
         dtype=FLAGS.dtype,
         attention_backend=FLAGS.attention_backend,
+        async_scheduling=FLAGS.async_scheduling,
     )
     t = time.perf_counter()
     llm = LLM(FLAGS.model, **opts)
@@ -56,8 +88,10 @@ def main(argv):
     prompts = [w["prompt_token_ids"] for w in wl]
     params = [SamplingParams(max_tokens=w["max_new_tokens"], temperature=0.0, ignore_eos=True) for w in wl]
     compiles_before = engine.num_compiles
-    walls, outs = [], None
-    for _ in range(FLAGS.repeats):
+    walls, outs, inputs = [], None, []
+    for i in range(FLAGS.repeats):
+        if FLAGS.replay_device and i == FLAGS.repeats - 1:
+            inputs = _record_inputs(engine.runner)
         first_step = len(engine.step_records)
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params)
@@ -69,32 +103,31 @@ def main(argv):
     dev = [s["device_s"] for s in steps]
     sched = sum(s["num_scheduled_tokens"] for s in steps)
     padded = sum(s["padded_tokens"] for s in steps)
-    print(
-        json.dumps(
-            {
-                "method": f"cbjax_{FLAGS.policy}",
-                "model": FLAGS.model,
-                "requests": len(wl),
-                "output_tokens": got,
-                "wall_s": round(wall, 3),
-                "output_tok_per_s": round(got / wall, 2),
-                "wall_s_runs": [round(w, 3) for w in walls],
-                "setup_s": round(setup_s, 1),
-                "warmup_s": round(engine.warmup_s, 1),
-                "steps": len(steps),
-                "host_ms_per_step": round(1e3 * statistics.mean(host), 3),
-                "device_ms_per_step": round(1e3 * statistics.mean(dev), 3),
-                "host_fraction": round(sum(host) / (sum(host) + sum(dev)), 4),
-                "padding_waste": round(1 - sched / padded, 4),
-                "mean_seqs_per_step": round(statistics.mean(s["num_scheduled_seqs"] for s in steps), 1),
-                "preemptions": sum(s["num_preemptions"] for s in steps),
-                "compiles_warmup": compiles_before,
-                "compiles_after_warmup": engine.num_compiles - compiles_before,
-                **{k: v for k, v in engine.config.__dict__.items() if k in opts or k == "num_pages"},
-            }
-        ),
-        flush=True,
-    )
+    result = {
+        "method": f"cbjax_{FLAGS.policy}",
+        "model": FLAGS.model,
+        "requests": len(wl),
+        "output_tokens": got,
+        "wall_s": round(wall, 3),
+        "output_tok_per_s": round(got / wall, 2),
+        "wall_s_runs": [round(w, 3) for w in walls],
+        "setup_s": round(setup_s, 1),
+        "warmup_s": round(engine.warmup_s, 1),
+        "steps": len(steps),
+        "host_ms_per_step": round(1e3 * statistics.mean(host), 3),
+        "device_wait_ms_per_step": round(1e3 * statistics.mean(dev), 3),
+        "padding_waste": round(1 - sched / padded, 4),
+        "mean_seqs_per_step": round(statistics.mean(s["num_scheduled_seqs"] for s in steps), 1),
+        "preemptions": sum(s["num_preemptions"] for s in steps),
+        "compiles_warmup": compiles_before,
+        "compiles_after_warmup": engine.num_compiles - compiles_before,
+        **{k: v for k, v in engine.config.__dict__.items() if k in opts or k == "num_pages"},
+    }
+    if inputs:
+        device_only = _replay(engine.runner, inputs)
+        result["device_only_s"] = round(device_only, 3)
+        result["host_overhead"] = round(1 - device_only / walls[-1], 4)
+    print(json.dumps(result), flush=True)
     if FLAGS.dump_dir:
         os.makedirs(FLAGS.dump_dir, exist_ok=True)
         with open(os.path.join(FLAGS.dump_dir, "cbjax.json"), "w") as f:

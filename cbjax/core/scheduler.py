@@ -49,7 +49,7 @@ def pages_for(num_tokens: int, page_size: int) -> int:
     return -(-num_tokens // page_size)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class _Placement:
     """How a request would get its pages this step: prefix-cache hits, pages swapped back in, fresh pages."""
 
@@ -65,7 +65,7 @@ class _Placement:
         return self.num_new_pages + self.num_revived + self.num_swapped_in
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class _Step:
     """What one schedule() call builds up while it walks the ranking."""
 

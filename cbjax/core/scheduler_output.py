@@ -5,7 +5,7 @@ import dataclasses
 from cbjax.core.request import Request
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class ScheduledSeq:
     """One sequence of a step: it computes tokens [num_computed_tokens, num_computed_tokens + num_new_tokens) of its
     context; the page table and token ids are read from its Request."""
@@ -16,7 +16,7 @@ class ScheduledSeq:
     samples_token: bool  # the chunk reaches the end of the context: the step samples one new token for it
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class SchedulerOutput:
     """One step's plan."""
 

@@ -98,40 +98,52 @@ def pack_step(
     visits only the leading slots). Returns the input and `order`: slot i holds out.seqs[order[i]].
 
     A pending token (sampled by the previous step, not yet on the host) is read on the device from that step's
-    output: `prev_slot_of` gives each request's slot in it."""
+    output: `prev_slot_of` gives each request's slot in it.
+
+    Python touches each sequence once, collecting plain lists; numpy builds every array from them in one call
+    (a numpy call per sequence and field cost more than the rest of the step's host work at 64 sequences)."""
     G = buckets.page_size
     seqs = out.seqs
-    order = sorted(range(len(seqs)), key=lambda i: seqs[i].num_new_tokens > 1)
+    n = len(seqs)
+    order = [i for i in range(n) if seqs[i].num_new_tokens == 1] + [i for i in range(n) if seqs[i].num_new_tokens > 1]
     T = buckets.token_bucket(out.num_batched_tokens)
     inp = empty_step_input(T, buckets.slots(T), buckets.pages_per_seq, pad_page, G)
-    tok, pos, slot, pt = inp.token_ids, inp.positions, inp.slot_mapping, inp.page_indices
-    off = 0
-    for i, j in enumerate(order):
+    tokens: list[int] = []
+    starts, lens, pending, params, counters, pages, num_pages = [], [], [], [], [], [], []
+    for j in order:
         s = seqs[j]
         r = s.request
         c, k = s.num_computed_tokens, s.num_new_tokens
-        tok[off : off + k] = r.all_token_ids[c : c + k]
-        if r.all_token_ids[c + k - 1] == PENDING_TOKEN:  # only ever a decode's input
-            tok[off + k - 1] = 0
-            inp.token_src[off + k - 1] = prev_slot_of[r]
-        if k == 1:
-            pos[off] = c
-            slot[off] = r.pages[c // G] * G + c % G
-        else:
-            p = np.arange(c, c + k, dtype=np.int32)
-            pos[off : off + k] = p
-            slot[off : off + k] = np.asarray(r.pages, np.int32)[p // G] * G + p % G
-        pt[i, : len(r.pages)] = r.pages
-        off += k
-        inp.kv_lens[i] = c + k
-        inp.cu_q_lens[i + 1] = off
-        inp.sample_idx[i] = off - 1
-        sp = r.params
-        inp.temperature[i] = sp.temperature
-        inp.top_k[i] = sp.top_k
-        inp.top_p[i] = sp.top_p
-        inp.seeds[i] = r.seed
-        inp.counters[i] = c + k - r.num_prompt_tokens  # the index of the output this slot samples
-    inp.cu_q_lens[len(seqs) + 1 :] = off
-    inp.num_seqs[0] = len(seqs)
+        tokens += r.all_token_ids[c : c + k]
+        if tokens[-1] == PENDING_TOKEN:  # only ever a decode's input
+            tokens[-1] = 0
+            pending.append((len(tokens) - 1, prev_slot_of[r]))
+        starts.append(c)
+        lens.append(k)
+        pages += r.pages
+        num_pages.append(len(r.pages))
+        params.append(r.params)
+        counters.append((r.seed, c + k - r.num_prompt_tokens))  # the index of the output this slot samples
+    total = len(tokens)
+    q_lens = np.asarray(lens, np.int32)
+    cu = np.cumsum(q_lens, dtype=np.int32)
+    seq_of_token = np.repeat(np.arange(n, dtype=np.int32), q_lens)
+    positions = np.arange(total, dtype=np.int32) + np.repeat(np.asarray(starts, np.int32) - (cu - q_lens), q_lens)
+    pt = inp.page_indices
+    pt[:n][np.arange(pt.shape[1]) < np.asarray(num_pages)[:, None]] = pages  # row-major: each row's pages in order
+    inp.token_ids[:total] = tokens
+    inp.positions[:total] = positions
+    inp.slot_mapping[:total] = pt[seq_of_token, positions // G] * G + positions % G
+    for t, slot in pending:
+        inp.token_src[t] = slot
+    inp.kv_lens[:n] = np.asarray(starts, np.int32) + q_lens
+    inp.cu_q_lens[1 : n + 1] = cu
+    inp.cu_q_lens[n + 1 :] = total
+    inp.num_seqs[0] = n
+    inp.sample_idx[:n] = cu - 1
+    inp.temperature[:n] = [p.temperature for p in params]
+    inp.top_k[:n] = [p.top_k for p in params]
+    inp.top_p[:n] = [p.top_p for p in params]
+    if n:
+        inp.seeds[:n], inp.counters[:n] = zip(*counters)
     return inp, order

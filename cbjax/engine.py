@@ -40,6 +40,7 @@ class EngineConfig:
     kv_cache_memory_gib: float = 1.0  # memory budget of the KV cache when num_pages is None
     max_model_len: int | None = None  # prompt + output tokens; None: the model's max_position_embeddings
     dtype: str | None = None  # parameter / activation dtype; None: the model config's
+    matmul_dtype: str | None = None  # the linear layers' weights and matmul inputs (ModelConfig.matmul_dtype)
     seed: int = 0  # model init (random models) and the default per-request sampling seeds
     attention_backend: str = "auto"  # auto | pallas | xla (auto: pallas on TPU/GPU, xla on CPU)
     pallas_interpret: bool = False  # run Pallas kernels in interpret mode (CPU tests)
@@ -139,12 +140,15 @@ class LLMEngine:
         checkpoint = resolve_checkpoint(model)
         if checkpoint is not None:
             path, default_dtype = checkpoint
-            return load_hf_model(path, cfg.dtype or default_dtype), Tokenizer.from_dir(path)
+            model = load_hf_model(path, cfg.dtype or default_dtype, matmul_dtype=cfg.matmul_dtype)
+            return model, Tokenizer.from_dir(path)
         mcfg = get_model_config(model) if isinstance(model, str) else model
         if not isinstance(mcfg, ModelConfig):
             raise ValueError(f"model must be a name, a ModelConfig or a Llama, got {type(model).__name__}")
         if cfg.dtype is not None:
             mcfg = mcfg.replace(dtype=cfg.dtype)
+        if cfg.matmul_dtype is not None:
+            mcfg = mcfg.replace(matmul_dtype=cfg.matmul_dtype)
         return init_model(mcfg, cfg.seed), None
 
     # ---- requests ---------------------------------------------------------------------------------------------

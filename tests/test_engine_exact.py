@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import jax.numpy as jnp
 import pytest
 
 from cbjax import LLM, LLMEngine
@@ -85,3 +86,14 @@ def test_continuous_batching_takes_fewer_steps_than_static(model, workload):
             engine.step()
         steps[policy] = len(engine.step_records)
     assert steps["fcfs"] < steps["static"]
+
+
+def test_bf16_matmuls_are_token_exact_with_their_own_full_forward():
+    """matmul_dtype="bfloat16": the linear layers hold bf16 weights and take bf16 inputs (f32 accumulation); the
+    engine's greedy tokens still equal the full forward of the same model."""
+    model = init_model(get_model_config("test-tiny").replace(matmul_dtype="bfloat16"), seed=0)
+    assert model.layers[0].mlp.gate_up_proj.kernel[...].dtype == jnp.bfloat16
+    assert model.embed.embedding[...].dtype == jnp.float32
+    prompts, params = random_workload(12, seed=2, vocab=model.cfg.vocab_size)
+    ref = greedy_reference(model, prompts, [p.max_tokens for p in params], width=MAX_MODEL_LEN)
+    run_and_check(LLMEngine(model, num_pages=256, **OPTS), prompts, params, ref)

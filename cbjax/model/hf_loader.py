@@ -157,29 +157,43 @@ def model_config_from_hf(
         raise ValueError(f"{where}: {e}") from None
 
 
-def hf_tensor_names(cfg: ModelConfig) -> dict[tuple, tuple[str, bool]]:
-    """NNX parameter path -> (HF tensor name, transpose). nnx.Linear kernels are [in, out], HF weights [out, in]."""
+def hf_tensor_names(cfg: ModelConfig) -> dict[tuple, tuple[tuple[str, ...], bool]]:
+    """NNX parameter path -> (HF tensor names, transpose). nnx.Linear kernels are [in, out], HF weights [out, in].
+
+    A parameter with several names is their concatenation along HF's output axis: the fused q | k | v projection
+    (and its biases) and the fused gate | up projection (see cbjax/model/llama.py)."""
     names = {
-        ("embed", "embedding"): ("model.embed_tokens.weight", False),
-        ("norm", "weight"): ("model.norm.weight", False),
+        ("embed", "embedding"): (("model.embed_tokens.weight",), False),
+        ("norm", "weight"): (("model.norm.weight",), False),
     }
     if not cfg.tie_word_embeddings:
-        names[("lm_head", "kernel")] = ("lm_head.weight", True)
+        names[("lm_head", "kernel")] = (("lm_head.weight",), True)
     for i in range(cfg.num_layers):
         hf = f"model.layers.{i}."
-        names[("layers", i, "input_norm", "weight")] = (hf + "input_layernorm.weight", False)
-        names[("layers", i, "post_attn_norm", "weight")] = (hf + "post_attention_layernorm.weight", False)
-        for p in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            names[("layers", i, "attn", p, "kernel")] = (f"{hf}self_attn.{p}.weight", True)
+        qkv = tuple(f"{hf}self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj"))
+        names[("layers", i, "input_norm", "weight")] = ((hf + "input_layernorm.weight",), False)
+        names[("layers", i, "post_attn_norm", "weight")] = ((hf + "post_attention_layernorm.weight",), False)
+        names[("layers", i, "attn", "qkv_proj", "kernel")] = (tuple(n + ".weight" for n in qkv), True)
+        names[("layers", i, "attn", "o_proj", "kernel")] = ((f"{hf}self_attn.o_proj.weight",), True)
         if cfg.qkv_bias:
-            for p in ("q_proj", "k_proj", "v_proj"):
-                names[("layers", i, "attn", p, "bias")] = (f"{hf}self_attn.{p}.bias", False)
+            names[("layers", i, "attn", "qkv_proj", "bias")] = (tuple(n + ".bias" for n in qkv), False)
         if cfg.qk_norm:
             for p in ("q_norm", "k_norm"):
-                names[("layers", i, "attn", p, "weight")] = (f"{hf}self_attn.{p}.weight", False)
-        for p in ("gate_proj", "up_proj", "down_proj"):
-            names[("layers", i, "mlp", p, "kernel")] = (f"{hf}mlp.{p}.weight", True)
+                names[("layers", i, "attn", p, "weight")] = ((f"{hf}self_attn.{p}.weight",), False)
+        gate_up = (f"{hf}mlp.gate_proj.weight", f"{hf}mlp.up_proj.weight")
+        names[("layers", i, "mlp", "gate_up_proj", "kernel")] = (gate_up, True)
+        names[("layers", i, "mlp", "down_proj", "kernel")] = ((f"{hf}mlp.down_proj.weight",), True)
     return names
+
+
+def fused_part_sizes(cfg: ModelConfig, names: tuple[str, ...]) -> list[int]:
+    """The output-axis size of each HF tensor that makes up one parameter, in order."""
+    if len(names) == 1:
+        return []
+    if len(names) == 3:  # q | k | v
+        H = cfg.dim_per_head
+        return [cfg.num_heads * H, cfg.num_kv_heads * H, cfg.num_kv_heads * H]
+    return [cfg.intermediate_size] * 2  # gate | up
 
 
 class _SafetensorsFiles:
@@ -228,14 +242,15 @@ class _SafetensorsFiles:
 
 
 def load_hf_params(path: str, cfg: ModelConfig) -> dict[tuple, np.ndarray]:
-    """Every parameter of `cfg`'s model, read from the checkpoint at `path` and cast to cfg.dtype (host arrays)."""
+    """Every parameter of `cfg`'s model, read from the checkpoint at `path`, in the dtype the model gives it (host
+    arrays)."""
     files = _SafetensorsFiles(path)
     abstract = nnx.eval_shape(lambda: Llama(cfg, nnx.Rngs(0)))
     shapes = {p: tuple(v.get_value().shape) for p, v in nnx.to_flat_state(nnx.state(abstract, nnx.Param))}
     names = hf_tensor_names(cfg)
     if set(shapes) != set(names):  # a decoder change the mapping does not know about: fail loudly, not silently
         raise AssertionError(f"parameter map out of date: {sorted(set(shapes) ^ set(names))}")
-    wanted = {hf for hf, _ in names.values()}
+    wanted = {hf for hfs, _ in names.values() for hf in hfs}
     if cfg.tie_word_embeddings:
         wanted.add("lm_head.weight")  # some tied checkpoints still store the (identical) head; it is not used
     unexpected = sorted(n for n in files.names() - wanted if not n.endswith(_IGNORED_SUFFIXES))
@@ -243,19 +258,28 @@ def load_hf_params(path: str, cfg: ModelConfig) -> dict[tuple, np.ndarray]:
         raise ValueError(
             f"{files._where()}: unexpected tensors for this config (another architecture?): {unexpected[:5]}"
         )
-    target = _NP_DTYPES[cfg.dtype]
+    dtypes = {p: v.get_value().dtype for p, v in nnx.to_flat_state(nnx.state(abstract, nnx.Param))}
     out = {}
-    for nnx_path, (name, transpose) in names.items():
-        arr, file = files.get(name)
-        want = shapes[nnx_path][::-1] if transpose else shapes[nnx_path]
-        if tuple(arr.shape) != want:
-            raise ValueError(f"{file}: tensor {name!r} has shape {tuple(arr.shape)}, expected {want} from config.json")
-        if arr.dtype not in (np.float32, np.float16, ml_dtypes.bfloat16):
-            raise ValueError(f"{file}: tensor {name!r} has dtype {arr.dtype}, expected float32, float16 or bfloat16")
-        # A NaN/inf weight would not fail anywhere later: it would just make every logit NaN and argmax 0.
-        if not np.isfinite(arr.astype(np.float32)).all():
-            raise ValueError(f"{file}: tensor {name!r} has non-finite values (corrupt checkpoint?)")
-        out[nnx_path] = (arr.T if transpose else arr).astype(target)
+    for nnx_path, (hf_names, transpose) in names.items():
+        shape = shapes[nnx_path][::-1] if transpose else shapes[nnx_path]  # in HF's [out, in] order
+        parts = []
+        for name, size in zip(hf_names, fused_part_sizes(cfg, hf_names) or [shape[0]]):
+            arr, file = files.get(name)
+            want = (size, *shape[1:])
+            if tuple(arr.shape) != want:
+                raise ValueError(
+                    f"{file}: tensor {name!r} has shape {tuple(arr.shape)}, expected {want} from config.json"
+                )
+            if arr.dtype not in (np.float32, np.float16, ml_dtypes.bfloat16):
+                raise ValueError(
+                    f"{file}: tensor {name!r} has dtype {arr.dtype}, expected float32, float16 or bfloat16"
+                )
+            # A NaN/inf weight would not fail anywhere later: it would just make every logit NaN and argmax 0.
+            if not np.isfinite(arr.astype(np.float32)).all():
+                raise ValueError(f"{file}: tensor {name!r} has non-finite values (corrupt checkpoint?)")
+            parts.append(arr)
+        arr = np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
+        out[nnx_path] = (arr.T if transpose else arr).astype(dtypes[nnx_path])  # the model's dtype for it
     return out
 
 
@@ -265,10 +289,12 @@ def read_hf_config(path: str, dtype: str | None = None) -> ModelConfig:
     return model_config_from_hf(hf, gen, dtype=dtype, where=os.path.join(path, "config.json"))
 
 
-def load_hf_model(path: str, dtype: str | None = None) -> Llama:
+def load_hf_model(path: str, dtype: str | None = None, matmul_dtype: str | None = None) -> Llama:
     """A cbjax Llama with the weights of the Hugging Face checkpoint directory `path`, in `dtype` (default: the
-    checkpoint's own dtype)."""
+    checkpoint's own dtype; the linear layers in `matmul_dtype` if given, see ModelConfig)."""
     cfg = read_hf_config(path, dtype)
+    if matmul_dtype is not None:
+        cfg = cfg.replace(matmul_dtype=matmul_dtype)
     params = load_hf_params(path, cfg)
     abstract = nnx.eval_shape(lambda: Llama(cfg, nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
@@ -333,10 +359,14 @@ def save_hf_model(model: Llama, path: str, dtype: str = "bfloat16") -> None:
     cfg = model.cfg
     os.makedirs(path, exist_ok=True)
     tensors = {}
+    names = hf_tensor_names(cfg)
     for p, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-        name, transpose = hf_tensor_names(cfg)[p]
+        hf_names, transpose = names[p]
         arr = np.asarray(var.get_value().astype(jnp.float32))
-        tensors[name] = np.ascontiguousarray(arr.T if transpose else arr).astype(_NP_DTYPES[dtype])
+        arr = arr.T if transpose else arr
+        sizes = fused_part_sizes(cfg, hf_names) or [arr.shape[0]]
+        for name, part in zip(hf_names, np.split(arr, np.cumsum(sizes)[:-1], axis=0)):
+            tensors[name] = np.ascontiguousarray(part).astype(_NP_DTYPES[dtype])
     save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
         json.dump(hf_config_dict(cfg, dtype), f, indent=2)

@@ -40,9 +40,9 @@ class RMSNorm(nnx.Module):
 
 
 def _linear(cfg: ModelConfig, din: int, dout: int, rngs: nnx.Rngs, bias: bool = False) -> nnx.Linear:
-    dt = jnp.dtype(cfg.dtype)
-    # Accumulate in float32 whatever the weights: on CPUs with AVX512-BF16 a bf16 x bf16 -> f32 matmul runs ~2x
-    # faster than f32 (half the weight bytes), while bf16 -> bf16 falls off the fast path.
+    dt = jnp.dtype(cfg.matmul_dtype or cfg.dtype)
+    # Accumulate in float32 whatever the weights: on CPUs with AVX512-BF16 / AMX a bf16 x bf16 -> f32 matmul runs
+    # 2-5x faster than f32, while bf16 -> bf16 falls off the fast path. The inputs are cast to `dt` at the dot.
     return nnx.Linear(
         din,
         dout,
@@ -59,9 +59,10 @@ class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         D, N, K, H = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.dim_per_head
         self.cfg = cfg
-        self.q_proj = _linear(cfg, D, N * H, rngs, cfg.qkv_bias)
-        self.k_proj = _linear(cfg, D, K * H, rngs, cfg.qkv_bias)
-        self.v_proj = _linear(cfg, D, K * H, rngs, cfg.qkv_bias)
+        # q, k and v come out of one [D, (N + 2K) H] matmul (HF's q_proj | k_proj | v_proj, concatenated on their
+        # output axis by the loader): XLA:CPU runs independent matmuls of a step side by side on the cores, each
+        # slower than alone, and one wide GEMM also loads the activations once (docs/benchmarks.md).
+        self.qkv_proj = _linear(cfg, D, (N + 2 * K) * H, rngs, cfg.qkv_bias)
         self.o_proj = _linear(cfg, N * H, D, rngs)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(H, cfg.rms_norm_eps, jnp.dtype(cfg.dtype))
@@ -70,9 +71,10 @@ class Attention(nnx.Module):
     def _qkv(self, x, positions):
         cfg = self.cfg
         N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.dim_per_head
-        q = self.q_proj(x).reshape(*x.shape[:-1], N, H)
-        k = self.k_proj(x).reshape(*x.shape[:-1], K, H)
-        v = self.v_proj(x).reshape(*x.shape[:-1], K, H)
+        q, k, v = jnp.split(self.qkv_proj(x), [N * H, (N + K) * H], axis=-1)
+        q = q.reshape(*x.shape[:-1], N, H)
+        k = k.reshape(*x.shape[:-1], K, H)
+        v = v.reshape(*x.shape[:-1], K, H)
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         # Host-side numpy, folded into the compiled step as a constant.
@@ -131,12 +133,13 @@ class Attention(nnx.Module):
 
 class MLP(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-        self.gate_proj = _linear(cfg, cfg.hidden_size, cfg.intermediate_size, rngs)
-        self.up_proj = _linear(cfg, cfg.hidden_size, cfg.intermediate_size, rngs)
+        # gate | up as one [D, 2F] matmul, for the reason given at Attention.qkv_proj.
+        self.gate_up_proj = _linear(cfg, cfg.hidden_size, 2 * cfg.intermediate_size, rngs)
         self.down_proj = _linear(cfg, cfg.intermediate_size, cfg.hidden_size, rngs)
 
     def __call__(self, x):
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = jnp.split(self.gate_up_proj(x), 2, axis=-1)
+        return self.down_proj(jax.nn.silu(gate) * up)
 
 
 class DecoderLayer(nnx.Module):

@@ -64,8 +64,8 @@ def test_half_precision_weights_load_in_their_dtype_or_cast(tmp_path, stored):
     assert as_f32.cfg.dtype == "float32"
     want = params_of(model)
     got = params_of(as_f32)
-    w = np.asarray(want["layers"][0]["attn"]["q_proj"]["kernel"])
-    g = np.asarray(got["layers"][0]["attn"]["q_proj"]["kernel"])
+    w = np.asarray(want["layers"][0]["attn"]["qkv_proj"]["kernel"])
+    g = np.asarray(got["layers"][0]["attn"]["qkv_proj"]["kernel"])
     assert g.dtype == np.float32
     np.testing.assert_array_equal(g, w.astype(half).astype(np.float32))  # exactly the stored values
 

@@ -8,6 +8,7 @@ import collections
 import dataclasses
 import math
 import numbers
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 
@@ -24,7 +25,7 @@ from cbjax.model.llama import Llama, init_model, kv_cache_bytes_per_page
 from cbjax.model.registry import resolve_checkpoint
 from cbjax.model.tokenizer import Tokenizer
 from cbjax.runner.compile_cache import configure_compilation_cache
-from cbjax.runner.model_runner import ModelRunner, StepHandle
+from cbjax.runner.model_runner import WARMUP_MODES, ModelRunner, StepHandle
 from cbjax.runner.step_input import BucketTable
 from kernels_pallas.dispatch import resolve_backend
 
@@ -51,7 +52,11 @@ class EngineConfig:
     swap_space_gib: float = 1.0  # swap: host memory for swapped-out KV pages (a victim that does not fit recomputes)
     num_host_pages: int | None = None  # swap: host pool in pages; None: derived from swap_space_gib
     enable_prefix_caching: bool = False  # share the KV pages of identical prompt prefixes (vLLM's option)
-    warmup: bool = True  # compile every bucket at start-up
+    # When the step programs (one per token bucket) are built: "background" (start serving at once; a background
+    # thread builds them, smallest first, and a step whose program is missing builds it itself), "full" (all
+    # before the constructor returns: time nothing before that), "none" (each when first needed). True is "full",
+    # False "none".
+    warmup: bool | str = "background"
     # Persistent compilation cache (cbjax/runner/compile_cache.py): "auto" (a folder in the user's cache
     # directory), "off", or a directory. The CBJAX_COMPILATION_CACHE environment variable overrides it.
     compilation_cache: str = "auto"
@@ -76,7 +81,11 @@ class LLMEngine:
         if unknown:
             raise ValueError(f"unknown engine options: {sorted(unknown)}")
         cfg = EngineConfig(**options)
+        if cfg.warmup not in (True, False, *WARMUP_MODES):
+            raise ValueError(f"warmup must be one of {WARMUP_MODES} (or a bool), got {cfg.warmup!r}")
         self.clock = clock or RealClock()
+        # First: building the model may compile too.
+        self.compilation_cache_dir = configure_compilation_cache(cfg.compilation_cache)
         self.model, self.tokenizer = self._load_model(model, cfg)
         mcfg = self.model.cfg
         self.model_config = mcfg
@@ -112,7 +121,6 @@ class LLMEngine:
             ),
             self.clock,
         )
-        self.compilation_cache_dir = configure_compilation_cache(cfg.compilation_cache)
         self.runner = ModelRunner(
             self.model,
             num_pages=num_pages,
@@ -121,8 +129,12 @@ class LLMEngine:
             backend=resolve_backend(cfg.attention_backend),
             interpret=cfg.pallas_interpret,
             num_host_pages=num_host_pages,
+            program_cache_dir=None
+            if self.compilation_cache_dir is None
+            else os.path.join(self.compilation_cache_dir, "cbjax-programs"),
         )
-        self.warmup_s = self.runner.warmup() if cfg.warmup else 0.0
+        mode = {True: "full", False: "none"}.get(cfg.warmup, cfg.warmup)
+        self.warmup_s = self.runner.warmup(mode)
         self.requests: dict[str, Request] = {}
         self._pending: list[Request] = []  # finished outside a step (aborts) and not yet reported
         self._arrivals = 0
@@ -331,6 +343,10 @@ class LLMEngine:
     @property
     def num_compiles(self) -> int:
         return self.runner.num_compiles
+
+    def wait_until_warm(self) -> None:
+        """Block until every step program is built (after which nothing compiles): call before timing a run."""
+        self.runner.programs.wait()
 
     def abort_all(self) -> None:
         for rid in list(self.requests):

@@ -37,6 +37,7 @@ def get_config() -> ml_collections.ConfigDict:
     e.kv_cache_memory_gib = 1.0  # KV budget when num_pages is None
     e.max_model_len = 1024  # prompt + output tokens of one request; the workload is clipped to it
     e.dtype = "float32"  # parameters and activations: float32 | bfloat16
+    e.matmul_dtype = config_dict.placeholder(str)  # linear layers' weights and matmul inputs (None: dtype)
     e.seed = 0  # model init and per-request sampling seeds
     e.attention_backend = "auto"  # auto | pallas | xla (auto: xla on CPU)
     e.pallas_interpret = False  # Pallas kernels in interpret mode (CPU debugging only: slow)
@@ -47,6 +48,8 @@ def get_config() -> ml_collections.ConfigDict:
     e.swap_space_gib = 1.0  # swap: host memory for swapped-out KV pages
     e.enable_prefix_caching = False  # reuse the KV pages of identical prompt prefixes
     e.warmup = True  # compile every token bucket before the run, so no compile is timed
+    e.async_scheduling = True  # schedule and start step n+1 while step n runs
+    e.compilation_cache = "auto"  # persistent compilation cache: auto (user cache dir) | off | a directory
 
     # Client-side batching for the `time_window` entry (its engine runs policy static with timeout 0).
     tw = c.time_window = ml_collections.ConfigDict()

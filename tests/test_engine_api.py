@@ -173,6 +173,7 @@ def test_unknown_engine_option_is_an_error():
         (dict(policy="priority", policy_options={"aging": 1.0}), "takes no option.*aging_s"),
         (dict(policy="sarathi", policy_options={"chunk_size": 0}), "chunk_size must be >= 1"),
         (dict(preemption_mode="swapp"), "preemption_mode must be 'recompute' or 'swap'"),
+        (dict(warmup="eager"), "warmup must be one of"),
     ],
 )
 def test_bad_scheduling_options_fail_before_any_compile(options, message, monkeypatch):
@@ -187,6 +188,7 @@ def test_bad_scheduling_options_fail_before_any_compile(options, message, monkey
 
 
 def test_no_compiles_after_warmup_in_this_module(engine):
+    engine.wait_until_warm()
     assert engine.num_compiles in (0, len(engine.buckets.token_buckets))
 
 

@@ -3,6 +3,7 @@
 import dataclasses
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from cbjax import LLM, LLMEngine
@@ -26,6 +27,7 @@ def workload(model):
 
 
 def run_and_check(engine: LLMEngine, prompts, params, ref):
+    engine.wait_until_warm()
     compiles_after_warmup = engine.num_compiles
     outs = LLM.from_engine(engine).generate(prompts, params)
     got = [o.outputs[0].token_ids for o in outs]
@@ -88,12 +90,28 @@ def test_continuous_batching_takes_fewer_steps_than_static(model, workload):
     assert steps["fcfs"] < steps["static"]
 
 
-def test_bf16_matmuls_are_token_exact_with_their_own_full_forward():
-    """matmul_dtype="bfloat16": the linear layers hold bf16 weights and take bf16 inputs (f32 accumulation); the
-    engine's greedy tokens still equal the full forward of the same model."""
+def test_bf16_matmuls_match_their_full_forward_up_to_near_ties():
+    """matmul_dtype="bfloat16": the linear layers hold bf16 weights and take bf16 inputs (f32 accumulation).
+
+    The engine's attention (paged, online softmax) and the full forward's (dense) sum in different orders; in f32
+    that stays far below any logit margin, but rounding the attention output to bf16 for o_proj can move a logit
+    by ~1e-2. So greedy tokens must equal the full forward's until a step where the reference's own top two
+    logits are that close, and not otherwise."""
     model = init_model(get_model_config("test-tiny").replace(matmul_dtype="bfloat16"), seed=0)
     assert model.layers[0].mlp.gate_up_proj.kernel[...].dtype == jnp.bfloat16
     assert model.embed.embedding[...].dtype == jnp.float32
     prompts, params = random_workload(12, seed=2, vocab=model.cfg.vocab_size)
     ref = greedy_reference(model, prompts, [p.max_tokens for p in params], width=MAX_MODEL_LEN)
-    run_and_check(LLMEngine(model, num_pages=256, **OPTS), prompts, params, ref)
+    engine = LLMEngine(model, num_pages=256, **OPTS)
+    got = [o.outputs[0].token_ids for o in LLM.from_engine(engine).generate(prompts, params)]
+    assert engine.scheduler.pool.num_free == engine.scheduler.pool.num_pages
+    exact = 0
+    for prompt, g, r in zip(prompts, got, ref):
+        i = next((i for i, (a, b) in enumerate(zip(g, r)) if a != b), None)
+        if i is None:
+            exact += 1
+            continue
+        logits = np.asarray(model.forward_full(jnp.asarray([prompt + r[:i]]))[0, -1])
+        margin = abs(logits[r[i]] - logits[g[i]])
+        assert margin < 0.05, f"diverged at token {i} where the reference's margin is {margin}, not a near-tie"
+    assert exact >= len(prompts) * 3 // 4

@@ -63,6 +63,7 @@ def test_every_policy_is_token_exact_under_preemption(model, workload, policy, m
         enable_prefix_caching=True,
         **OPTS,
     )
+    engine.wait_until_warm()
     compiles = engine.num_compiles
     got = {}
 

@@ -13,7 +13,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from cbjax.model.config import ModelConfig
-from cbjax.model.llama import Llama
+from cbjax.model.llama import Llama, abstract_model
 
 
 def params_of(model: Llama) -> dict:
@@ -47,7 +47,7 @@ def restore_params(path: str, model_or_config: "Llama | ModelConfig") -> Llama:
     `config` that is never randomly initialised."""
     if isinstance(model_or_config, ModelConfig):
         cfg = model_or_config
-        model = nnx.eval_shape(lambda: Llama(cfg, nnx.Rngs(0)))
+        model = abstract_model(cfg)
     else:
         model = model_or_config
     target = _abstract(params_of(model))

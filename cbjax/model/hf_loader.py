@@ -20,7 +20,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from cbjax.model.config import ModelConfig
-from cbjax.model.llama import Llama
+from cbjax.model.llama import Llama, abstract_model, build_model
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 _NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
@@ -245,7 +245,7 @@ def load_hf_params(path: str, cfg: ModelConfig) -> dict[tuple, np.ndarray]:
     """Every parameter of `cfg`'s model, read from the checkpoint at `path`, in the dtype the model gives it (host
     arrays)."""
     files = _SafetensorsFiles(path)
-    abstract = nnx.eval_shape(lambda: Llama(cfg, nnx.Rngs(0)))
+    abstract = abstract_model(cfg)
     shapes = {p: tuple(v.get_value().shape) for p, v in nnx.to_flat_state(nnx.state(abstract, nnx.Param))}
     names = hf_tensor_names(cfg)
     if set(shapes) != set(names):  # a decoder change the mapping does not know about: fail loudly, not silently
@@ -296,11 +296,7 @@ def load_hf_model(path: str, dtype: str | None = None, matmul_dtype: str | None 
     if matmul_dtype is not None:
         cfg = cfg.replace(matmul_dtype=matmul_dtype)
     params = load_hf_params(path, cfg)
-    abstract = nnx.eval_shape(lambda: Llama(cfg, nnx.Rngs(0)))
-    graphdef, state = nnx.split(abstract)
-    for p, var in nnx.to_flat_state(state):
-        var.set_value(jnp.asarray(params[p]))
-    return nnx.merge(graphdef, state)
+    return build_model(cfg, lambda p, spec: params[p])
 
 
 def hf_config_dict(cfg: ModelConfig, dtype: str = "bfloat16") -> dict:

@@ -7,6 +7,7 @@ Two forwards share the weights:
 """
 
 import typing
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -197,9 +198,34 @@ class Llama(nnx.Module):
         return self.logits(self.norm(x))
 
 
+def abstract_model(cfg: ModelConfig) -> Llama:
+    """The model's structure with shapes and dtypes only: nothing allocated, nothing initialised."""
+    return nnx.eval_shape(lambda: Llama(cfg, nnx.Rngs(0)))
+
+
+def build_model(cfg: ModelConfig, value_of: Callable[[tuple, jax.ShapeDtypeStruct], np.ndarray]) -> Llama:
+    """A model whose every parameter is `value_of(path, shape_and_dtype)` (host arrays, cast to the dtype), without
+    running the model's own initialisers."""
+    graphdef, state = nnx.split(abstract_model(cfg))
+    for path, var in nnx.to_flat_state(state):
+        spec = var.get_value()
+        var.set_value(jnp.asarray(np.asarray(value_of(path, spec)).astype(spec.dtype)))
+    return nnx.merge(graphdef, state)
+
+
 def init_model(cfg: ModelConfig, seed: int = 0) -> Llama:
-    """A randomly initialised model."""
-    return Llama(cfg, nnx.Rngs(seed))
+    """A randomly initialised model: kernels and embeddings ~ N(0, initializer_range), norms 1, biases 0.
+
+    Drawn with numpy on the host: jax's initialisers compile a program per parameter shape (~2.5 s for
+    llama-tiny, paid by every process), numpy draws its 19M parameters in ~0.3 s."""
+    rng = np.random.default_rng(seed)
+
+    def value_of(path, spec):
+        if path[-1] in ("kernel", "embedding"):
+            return rng.standard_normal(spec.shape, dtype=np.float32) * np.float32(cfg.initializer_range)
+        return np.ones(spec.shape, np.float32) if path[-1] == "weight" else np.zeros(spec.shape, np.float32)
+
+    return build_model(cfg, value_of)
 
 
 def kv_cache_bytes_per_page(cfg: ModelConfig, page_size: int, dtype=None) -> int:

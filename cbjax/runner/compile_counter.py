@@ -24,14 +24,16 @@ def _counters() -> list:
 def _on_duration(event: str, duration: float, **kwargs) -> None:
     if event == _BACKEND_COMPILE:
         for c in _counters():
-            c.num_compiles += 1
-            c.compile_s += duration
+            with c.lock:  # a background thread may count for the same owner
+                c.num_compiles += 1
+                c.compile_s += duration
 
 
 def _on_event(event: str, **kwargs) -> None:
     if event == _CACHE_HIT:
         for c in _counters():
-            c.num_cache_hits += 1
+            with c.lock:
+                c.num_cache_hits += 1
 
 
 monitoring.register_event_duration_secs_listener(_on_duration)
@@ -40,12 +42,19 @@ monitoring.register_event_listener(_on_event)
 
 class CompileCounter:
     """Compiles seen inside `counting()`: programs built (`num_compiles`, persistent-cache hits included), how
-    many of those the persistent compilation cache served (`num_cache_hits`), and the seconds they took."""
+    many of those the persistent compilation cache served (`num_cache_hits`), and the seconds they took; plus the
+    compiled programs loaded from disk without any compile (`num_loaded`, see program_cache.py)."""
 
     def __init__(self):
+        self.lock = threading.Lock()
         self.num_compiles = 0
         self.num_cache_hits = 0
         self.compile_s = 0.0
+        self.num_loaded = 0
+
+    def count_loaded(self) -> None:
+        with self.lock:
+            self.num_loaded += 1
 
     @contextlib.contextmanager
     def counting(self):

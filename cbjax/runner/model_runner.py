@@ -13,8 +13,12 @@ from cbjax.core.scheduler_output import SchedulerOutput
 from cbjax.model.llama import AttentionMetadata, Llama
 from cbjax.runner import kv_swap
 from cbjax.runner.compile_counter import CompileCounter
+from cbjax.runner.program_cache import ProgramCache
 from cbjax.runner.sampler import sample
 from cbjax.runner.step_input import BucketTable, StepInput, empty_step_input, pack_step
+from cbjax.runner.step_programs import StepPrograms
+
+WARMUP_MODES = ("full", "background", "none")
 
 
 class _Static:
@@ -94,6 +98,7 @@ class ModelRunner:
         interpret: bool = False,
         num_host_pages: int = 0,
         swap_pages_per_call: int = kv_swap.MAX_PAGES_PER_CALL,
+        program_cache_dir: str | None = None,
     ):
         cfg = model.cfg
         self.cfg = cfg
@@ -129,6 +134,12 @@ class ModelRunner:
             )
         )
         self.compiles = CompileCounter()  # programs this runner's calls compiled (warmup included)
+        # Abstract values of the step's array arguments: programs are lowered from these, never from the live
+        # caches (the serving thread donates those while a background thread builds).
+        self._avals = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (self.params, self.kv_caches))
+        self.programs = StepPrograms(buckets.token_buckets, self._build_program, self._program_key, self.compiles)
+        # Compiled step programs saved on disk for the next process (None: off).
+        self.program_cache = None if program_cache_dir is None else ProgramCache(program_cache_dir)
         self.swap_out_bytes_total = 0
         self.swap_in_bytes_total = 0
         # The last dispatched step's sampled tokens, on the device, and each of its requests' slot: the next step
@@ -142,29 +153,54 @@ class ModelRunner:
         return self.compiles.num_compiles
 
     def _run(self, inp: StepInput):
-        with self.compiles.counting():
-            tokens, self.kv_caches = _step(
-                self.params,
-                self.kv_caches,
-                inp,
-                self._prev_tokens,
-                graphdef=self.graphdef,
-                backend=self.backend,
-                interpret=self.interpret,
-            )
+        program = self.programs.get(inp.token_ids.shape[0])
+        tokens, self.kv_caches = program(self.params, self.kv_caches, inp, self._prev_tokens)
         return tokens
 
-    def warmup(self) -> float:
-        """Compile every token bucket's step, and every swap bucket when swapping is on; returns seconds spent."""
-        t0 = time.perf_counter()
+    def _program_key(self, T: int) -> tuple:
         b = self.buckets
-        for T in b.token_buckets:
-            self._run(
-                empty_step_input(T, b.slots(T), b.pages_per_seq, self.pad_page, self.page_size)
-            ).block_until_ready()
+        shapes = tuple((a.shape, a.dtype) for a in jax.tree.leaves(self._avals))
+        return (self.graphdef, self.backend, self.interpret, shapes, T, b.slots(T), b.pages_per_seq, b.max_num_seqs)
+
+    def _build_program(self, T: int):
+        """The step for token bucket T: loaded from the program cache, else traced, lowered and compiled."""
+        b = self.buckets
+        inp = empty_step_input(T, b.slots(T), b.pages_per_seq, self.pad_page, self.page_size)
+        params, kv_caches = self._avals
+        prev = jax.ShapeDtypeStruct((b.max_num_seqs,), jnp.int32)
+        trees = jax.tree.structure(((params, kv_caches, inp, prev), {})), jax.tree.structure((prev, kv_caches))
+        description = ("step", repr(self.cfg), self._program_key(T)[1:])
+        if self.program_cache is not None:
+            program = self.program_cache.load(description, *trees)
+            if program is not None:
+                self.compiles.count_loaded()
+                return program
+        lowered = _step.lower(
+            params, kv_caches, inp, prev, graphdef=self.graphdef, backend=self.backend, interpret=self.interpret
+        )
+        fresh = CompileCounter()
+        with fresh.counting():
+            program = lowered.compile()
+        # Only a program XLA just compiled is saved: one that jax's persistent cache served serializes without its
+        # kernels (it then fails at run time with "Function ... not found"; seen with jax 0.10.2 on CPU).
+        if self.program_cache is not None and fresh.num_cache_hits == 0:
+            self.program_cache.save(description, program, *trees)
+        return program
+
+    def warmup(self, mode: str = "full") -> float:
+        """Build the step programs: "full" every token bucket's now; "background" in a background thread (a step
+        whose bucket is not built yet builds it at once); "none" each when a step first needs it. The swap
+        programs (when swapping is on) are built now in any mode. Returns the seconds this call took."""
+        if mode not in WARMUP_MODES:
+            raise ValueError(f"warmup must be one of {WARMUP_MODES}, got {mode!r}")
+        t0 = time.perf_counter()
         if self.host_pool is not None:
             with self.compiles.counting():
                 self.kv_caches = self.host_pool.warmup(self.kv_caches)
+        if mode == "full":
+            self.programs.build_all()
+        elif mode == "background":
+            self.programs.start_background()
         return time.perf_counter() - t0
 
     def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> tuple[float, int, int]:

@@ -5,32 +5,55 @@ import json
 import subprocess
 import sys
 
-from cbjax import LLMEngine
+from cbjax import LLMEngine, SamplingParams
 from tests.helpers import ROOT
+
 
 # Shapes no other test uses, so the first engine here really compiles (unless a previous run cached them on disk,
 # which still counts as a compile: the program is built, from the disk instead of from scratch).
+def built(engine) -> int:
+    """Step programs an engine built: compiled, or loaded from the program cache of an earlier run."""
+    return engine.num_compiles + engine.runner.compiles.num_loaded
+
+
 SHAPES = dict(max_num_seqs=3, max_num_batched_tokens=40, page_size=8, num_pages=24, max_model_len=96)
 
 
 def test_a_second_engine_in_the_same_process_compiles_nothing():
-    first = LLMEngine("test-tiny", **SHAPES)
-    second = LLMEngine("test-tiny", **SHAPES)
-    assert first.num_compiles == len(first.buckets.token_buckets)
-    assert second.num_compiles == 0
+    first = LLMEngine("test-tiny", warmup="full", **SHAPES)
+    second = LLMEngine("test-tiny", warmup="full", **SHAPES)
+    assert built(first) == len(first.buckets.token_buckets)
+    assert built(second) == 0
+
+
+def test_background_warmup_serves_at_once_and_builds_each_program_once():
+    """A step whose program is not built yet builds it itself; the background thread builds the rest; every
+    program is built exactly once, and nothing compiles once the engine is warm."""
+    shapes = {**SHAPES, "max_num_seqs": 5}  # other programs than the test above builds
+    engine = LLMEngine("test-tiny", warmup="background", async_scheduling=False, **shapes)
+    engine.add_request("a", list(range(3, 40)), SamplingParams(max_tokens=4, temperature=0.0))
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.wait_until_warm()
+    assert engine.runner.programs.num_ready == len(engine.buckets.token_buckets)
+    assert built(engine) == len(engine.buckets.token_buckets)
+    engine.add_request("b", list(range(3, 20)), SamplingParams(max_tokens=4, temperature=0.0))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert built(engine) == len(engine.buckets.token_buckets)
 
 
 _SCRIPT = """
 import json
 from cbjax import LLMEngine, SamplingParams
 engine = LLMEngine("test-tiny", max_num_seqs=2, max_num_batched_tokens=24, page_size=8, num_pages=16,
-                   max_model_len=64)
+                   max_model_len=64, warmup="full")
 engine.add_request("a", [5, 6, 7], SamplingParams(max_tokens=3))
 while engine.has_unfinished_requests():
     engine.step()
 c = engine.runner.compiles
-print(json.dumps(dict(compiles=c.num_compiles, cache_hits=c.num_cache_hits, buckets=len(engine.buckets.token_buckets),
-                      cache_dir=engine.compilation_cache_dir)))
+print(json.dumps(dict(compiles=c.num_compiles, cache_hits=c.num_cache_hits, loaded=c.num_loaded,
+                      buckets=len(engine.buckets.token_buckets), cache_dir=engine.compilation_cache_dir)))
 """
 
 
@@ -41,12 +64,20 @@ def _run(cache_dir) -> tuple[dict, str]:
     return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
 
 
-def test_a_second_process_hits_the_persistent_cache(tmp_path):
+def test_a_second_process_loads_every_step_program_from_the_cache(tmp_path):
     cold, log = _run(tmp_path)
     assert cold["cache_dir"] == str(tmp_path) and str(tmp_path) in log  # the log line says where the cache is
-    assert cold["compiles"] == cold["buckets"] and cold["cache_hits"] == 0
+    assert cold["compiles"] == cold["buckets"] and cold["cache_hits"] == 0 and cold["loaded"] == 0
     warm, _ = _run(tmp_path)
-    assert warm["compiles"] == warm["buckets"] and warm["cache_hits"] == warm["buckets"]
+    assert warm["loaded"] == warm["buckets"] and warm["compiles"] == 0  # no trace, no compile
+
+
+def test_without_saved_programs_jax_persistent_cache_serves_the_compiles(tmp_path):
+    _run(tmp_path)
+    for saved in (tmp_path / "cbjax-programs").iterdir():
+        saved.unlink()
+    warm, _ = _run(tmp_path)
+    assert warm["loaded"] == 0 and warm["compiles"] == warm["buckets"] and warm["cache_hits"] == warm["buckets"]
 
 
 def test_the_cache_can_be_turned_off(tmp_path):

@@ -14,6 +14,7 @@ from cbjax.model.llama import kv_cache_bytes_per_page
 from cbjax.runner import kv_swap
 from cbjax.runner.model_runner import ModelRunner
 from cbjax.runner.step_input import BucketTable
+from cbjax.runner.step_programs import clear_shared_programs
 
 NUM_PAGES = 16
 PAGE_SIZE = 4
@@ -99,7 +100,9 @@ def test_swap_in_into_page_just_swapped_out(model):
 
 
 def test_no_compiles_after_warmup_and_exact_bytes(model):
-    jax.clear_caches()  # earlier tests compiled the same shapes; start cold so warmup's count is exact
+    # Earlier tests built the same shapes; start cold so warmup's count is exact.
+    jax.clear_caches()
+    clear_shared_programs()
     runner = make_runner(model)
     runner.warmup()
     assert runner.host_pool.buckets == (4, 8)

@@ -1,0 +1,228 @@
+"""Where a step's time goes, per token bucket: matmuls, attention, LM head, sampling and host packing, and the
+step's achieved GFLOP/s against a bare matmul of the same shape measured in the same sitting.
+
+  python -m experiments.profile_step --model llama-small [--matmul_dtype bfloat16] [--rounds 5]
+
+Each step is synthetic and packed by the engine's own pack_step: `prefill:T` (prompts of min(T, 512) tokens filling
+the T-token bucket), `decode:B:C` (B sequences decoding one token at context C), `mixed:T:B:C` (B decodes plus one
+prefill chunk filling T). The programs below share the runner's parameters, KV cache and the step's inputs, and
+are timed round-robin (`--rounds` rounds of 3 calls; medians):
+  step       the production step program of the bucket (model, LM head on each sequence's last token, sampler)
+  no_attn    the same program built with the paged attention replaced by its query (KV writes kept): in-step
+             attention = step - no_attn
+  matmuls    the step's linear layers alone (qkv, o, gate_up, down), x num_layers, on random activations
+  attention  the paged attention alone on the step's real metadata and cache, x num_layers
+  lm_head    the LM head matmul on the step's S = min(T, max_num_seqs) sampled rows
+  sampling   the sampler on [S, V] logits
+  other      step - (matmuls + in-step attention + lm_head + sampling): norms, RoPE, KV writes, embedding, glue
+  host       pack_step on the host
+GFLOP/s = the step's matmul + attention + LM-head FLOPs / step time; `bare` = a lone [T, D] x [D, 2F] matmul (the
+step's widest GEMM) in the same rounds; `vs bare` = their ratio. Prints a markdown table and one JSON line per step.
+"""
+
+import json
+import statistics
+import time
+
+from absl import app, flags
+
+flags.DEFINE_string("model", "llama-small", "named model config")
+flags.DEFINE_list(
+    "steps",
+    [
+        "prefill:256",
+        "prefill:1024",
+        "prefill:2048",
+        "mixed:2048:32:256",
+        "decode:16:256",
+        "decode:64:256",
+        "decode:256:256",
+    ],
+    "synthetic steps (see the docstring)",
+)
+flags.DEFINE_integer("max_num_seqs", 256, "slots")
+flags.DEFINE_integer("max_model_len", 2048, "page-table width")
+flags.DEFINE_integer("rounds", 5, "interleaved timing rounds")
+flags.DEFINE_string("matmul_dtype", None, "the linear layers' dtype (ModelConfig.matmul_dtype)")
+FLAGS = flags.FLAGS
+
+PAGE_SIZE = 16
+
+
+def _seqs(spec: str, max_num_seqs: int) -> tuple[int, list[tuple[int, int]]]:
+    """(token bucket, [(new tokens, context after the step)] per sequence)."""
+    kind, *nums = spec.split(":")
+    n = [int(x) for x in nums]
+    if kind == "prefill":
+        chunk = min(n[0], 512)
+        return n[0], [(chunk, chunk)] * (n[0] // chunk)
+    if kind == "decode":
+        return n[0], [(1, n[1])] * min(n[0], max_num_seqs)
+    if kind == "mixed":
+        T, B, C = n
+        return T, [(1, C)] * B + [(T - B, T - B)]
+    raise ValueError(f"unknown step kind in {spec!r}")
+
+
+def _runner_without_attention(model, num_pages, buckets):
+    """A runner whose step programs skip the paged attention (the attention output is the query itself)."""
+    import cbjax.model.llama as llama
+    from cbjax.runner.model_runner import ModelRunner
+    from cbjax.runner.step_programs import clear_shared_programs
+
+    real = llama.ragged_attention
+    llama.ragged_attention = lambda q, *args, **kwargs: q
+    clear_shared_programs()  # the programs are keyed by shapes, not by the attention they trace
+    try:
+        runner = ModelRunner(model, num_pages=num_pages, page_size=PAGE_SIZE, buckets=buckets)
+        runner.warmup("full")
+    finally:
+        llama.ragged_attention = real
+        clear_shared_programs()
+    return runner
+
+
+def _median_ms(f, calls: int = 3) -> float:
+    import jax
+
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        jax.block_until_ready(f())
+    return 1e3 * (time.perf_counter() - t0) / calls
+
+
+def main(argv):
+    del argv
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from cbjax.core.request import Request
+    from cbjax.core.sampling_params import SamplingParams
+    from cbjax.core.scheduler_output import ScheduledSeq, SchedulerOutput
+    from cbjax.model.config import get_model_config
+    from cbjax.model.llama import init_model
+    from cbjax.runner.model_runner import ModelRunner
+    from cbjax.runner.sampler import sample
+    from cbjax.runner.step_input import BucketTable, pack_step
+    from kernels_pallas import ragged_attention
+
+    cfg = get_model_config(FLAGS.model)
+    if FLAGS.matmul_dtype:
+        cfg = cfg.replace(matmul_dtype=FLAGS.matmul_dtype)
+    D, N, K, H, F, V, L = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.dim_per_head,
+                           cfg.intermediate_size, cfg.vocab_size, cfg.num_layers)  # fmt: skip
+    mm = jnp.dtype(cfg.matmul_dtype or cfg.dtype)
+    model = init_model(cfg)
+    specs = [(s, *_seqs(s, FLAGS.max_num_seqs)) for s in FLAGS.steps]
+    top = max(T for _, T, _ in specs)
+    pages_needed = sum(-(-kv // PAGE_SIZE) for _, _, seqs in specs for _, kv in seqs)
+    buckets = BucketTable.build(top, FLAGS.max_model_len, PAGE_SIZE, FLAGS.max_num_seqs)
+    runner = ModelRunner(model, num_pages=pages_needed + 1, page_size=PAGE_SIZE, buckets=buckets)
+    no_attn = _runner_without_attention(model, pages_needed + 1, buckets)
+    rng = np.random.default_rng(0)
+    key = iter(jax.random.split(jax.random.key(0), 64))
+
+    def w(*shape):
+        return jax.random.normal(next(key), shape, jnp.float32).astype(mm) * 0.02
+
+    weights = dict(qkv=w(D, (N + 2 * K) * H), o=w(N * H, D), gate_up=w(D, 2 * F), down=w(F, D), head=w(D, V))
+    dot = jax.jit(lambda x, y: jnp.dot(x.astype(mm), y, preferred_element_type=jnp.float32))
+
+    @jax.jit
+    def matmuls(x, a, wq, wo, wg, wd):
+        acc = jnp.zeros((), jnp.float32)
+        for _ in range(L):  # the step's L layers of linears, kept alive through a reduction
+            acc += dot(x, wq).sum() + dot(a, wo).sum() + dot(jax.nn.silu(dot(x, wg))[:, :F], wd).sum()
+        return acc
+
+    @jax.jit
+    def attention(q, kv, md):
+        out = jnp.zeros((), jnp.float32)
+        for _ in range(L):
+            out += ragged_attention(q, *kv, *md, backend=runner.backend).astype(jnp.float32).sum()
+        return out
+
+    sampler = jax.jit(sample)
+    next_page = 0
+    rows = []
+    for spec, T, seqs in specs:
+        scheduled = []
+        for i, (q_len, kv_len) in enumerate(seqs):
+            # Greedy, as in the throughput runs (sampling with temperature draws [S, V] random numbers per step).
+            greedy = SamplingParams(temperature=0.0)
+            req = Request(f"{spec}-{i}", rng.integers(3, V, kv_len).tolist(), greedy, 0.0, 0, i)
+            n_pages = -(-kv_len // PAGE_SIZE)
+            req.pages = list(range(next_page, next_page + n_pages))
+            next_page += n_pages
+            scheduled.append(ScheduledSeq(req, kv_len - q_len, q_len, True))
+        out = SchedulerOutput(scheduled, sum(q for q, _ in seqs), [], 0.0)
+        host = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            inp, _ = pack_step(out, buckets, runner.pad_page, {})
+            host.append(1e3 * (time.perf_counter() - t0))
+        S = inp.sample_idx.shape[0]
+        x = jax.random.normal(next(key), (T, D), jnp.float32)
+        a = jax.random.normal(next(key), (T, N * H), jnp.float32)
+        q = jax.random.normal(next(key), (T, N, H), jnp.float32)
+        md = tuple(jnp.asarray(v) for v in (inp.kv_lens, inp.page_indices, inp.cu_q_lens, inp.num_seqs))
+        hidden = jax.random.normal(next(key), (S, D), jnp.float32)
+        logits = dot(hidden, weights["head"])
+        params = [jnp.asarray(v) for v in (inp.temperature, inp.top_k, inp.top_p, inp.seeds, inp.counters)]
+        programs = {
+            "step": lambda inp=inp: runner._run(inp),
+            "no_attn": lambda inp=inp: no_attn._run(inp),
+            "matmuls": lambda x=x, a=a: matmuls(
+                x, a, weights["qkv"], weights["o"], weights["gate_up"], weights["down"]
+            ),
+            "attention": lambda q=q, md=md: attention(q, runner.kv_caches[0], md),
+            "lm_head": lambda h=hidden: dot(h, weights["head"]),
+            "sampling": lambda lg=logits, p=params: sampler(lg, *p),
+            "bare": lambda x=x: dot(x, weights["gate_up"]),
+        }
+        times = {k: [] for k in programs}
+        for f in programs.values():  # compile and warm up
+            jax.block_until_ready(f())
+        for _ in range(FLAGS.rounds):
+            for k, f in programs.items():
+                times[k].append(_median_ms(f))
+        t = {k: statistics.median(v) for k, v in times.items()}
+        t["in_step_attention"] = t["step"] - t["no_attn"]
+        t["other"] = t["no_attn"] - t["matmuls"] - t["lm_head"] - t["sampling"]
+        t["host"] = statistics.median(host)
+        tokens = sum(q for q, _ in seqs)
+        linear_flops = 2 * tokens * L * (D * (N + 2 * K) * H + N * H * D + 2 * D * F + F * D)
+        attn_flops = 4 * L * N * H * sum(q * (kv - q) + q * (q + 1) // 2 for q, kv in seqs)
+        step_gflops = (linear_flops + attn_flops + 2 * len(seqs) * D * V) / t["step"] / 1e6
+        bare_gflops = 2 * T * D * 2 * F / t["bare"] / 1e6
+        row = dict(name=spec, T=T, seqs=len(seqs), **{k: round(v, 2) for k, v in t.items()})
+        row.update(gflops=round(step_gflops, 1), bare_gflops=round(bare_gflops, 1))
+        row.update(vs_bare=round(step_gflops / bare_gflops, 2), model=FLAGS.model, matmul_dtype=str(mm))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    cols = (
+        "name",
+        "T",
+        "step",
+        "matmuls",
+        "attention",
+        "in_step_attention",
+        "lm_head",
+        "sampling",
+        "other",
+        "host",
+        "gflops",
+        "bare_gflops",
+    )
+    print(
+        "\n| step | T | step ms | matmuls | attention alone | attention in step | LM head | sampling | other | host"
+        " | GFLOP/s | bare | vs bare |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print("| " + " | ".join(str(r[c]) for c in cols) + f" | {r['vs_bare']} |")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -7,10 +7,10 @@ Greedy, EOS ignored, warmup (compiling every bucket) excluded from the timed reg
 profile (host vs device time, padding waste, compiles after warmup). With --repeats N the workload runs N times
 on the same engine and wall_s is the median.
 
---replay_device: after the timed runs, the last run's steps (their packed inputs, recorded) run again back to back
-with no host work in between (3 times; the median). That is the device time the run needed; `host_overhead` = 1 - device_only_s / wall_s
-is the share of the wall time the host added, overlapped or not (with async scheduling the host packs step n+1
-while step n runs, so only what it could not hide shows).
+--replay_device: after the timed runs, the last run's steps (their packed inputs, recorded) run again back to
+back with no host work in between (3 times; the median). That is the device time the run needed;
+`host_overhead` = 1 - device_only_s / wall_s is the share of the wall time the host added, overlapped or not
+(with async scheduling the host packs step n+1 while step n runs, so only what it could not hide shows).
 """
 
 import json

@@ -15,12 +15,46 @@ loops whose trip counts are runtime values (`lax.fori_loop` with traced bounds l
 Both use an online softmax in float32. Decode work is tightest when decodes come first in the batch (the runner
 packs them so), but any order is correct. Masked K/V positions are zeroed before use, so NaN or stale data in
 unused pages never reaches an output. Rows past cu_q_lens[num_seqs] are zeros.
+
+The decode half has a faster twin on CPU: a C++ FFI kernel (cpu_attention.py) that walks the page table itself
+(XLA's version runs at ~2-3 GB/s of K/V, bound by gathers and tiny dots). `decode_impl` picks it: "ffi", "xla",
+or "auto" (the default; the CBJAX_DECODE_ATTENTION environment variable, "ffi" | "xla" | "auto", overrides it):
+the FFI kernel on the CPU backend when it builds, else the XLA loop. The prefill half is XLA either way.
 """
+
+import logging
+import os
 
 import jax
 import jax.numpy as jnp
 
+from kernels_pallas import cpu_attention
+
 _NEG = -1e30
+DECODE_IMPLS = ("auto", "ffi", "xla")
+DECODE_ENV_VAR = "CBJAX_DECODE_ATTENTION"
+_log = logging.getLogger("cbjax")
+
+
+def resolve_decode_impl(decode_impl: str = "auto") -> str:
+    """ "ffi" or "xla" for the decode rows (see the module docstring); the environment variable wins."""
+    decode_impl = os.environ.get(DECODE_ENV_VAR) or decode_impl
+    if decode_impl not in DECODE_IMPLS:
+        raise ValueError(f"decode_impl ({DECODE_ENV_VAR}) must be one of {DECODE_IMPLS}, got {decode_impl!r}")
+    if decode_impl == "ffi" and not cpu_attention.available():
+        raise RuntimeError(
+            f"decode_impl='ffi', but the CPU kernel is unavailable: {cpu_attention.unavailable_reason()}"
+        )
+    if decode_impl != "auto":
+        return decode_impl
+    if jax.default_backend() != "cpu":
+        return "xla"
+    if cpu_attention.available():
+        return "ffi"
+    _log.warning(
+        "cbjax: CPU decode attention kernel unavailable, using the XLA path (%s)", cpu_attention.unavailable_reason()
+    )
+    return "xla"
 
 
 def _pad_to(x, multiple: int, axis: int, value=0):
@@ -59,7 +93,9 @@ def xla_ragged_paged_attention(
     decode_kv_block: int = 64,
     prefill_kv_block: int = 256,
     q_block: int = 128,
+    decode_impl: str = "auto",
 ):
+    decode_impl = resolve_decode_impl(decode_impl)
     q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs = (
         jnp.asarray(x) for x in (q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
     )
@@ -125,8 +161,15 @@ def xla_ragged_paged_attention(
         res = (acc / jnp.maximum(l, 1e-30)[..., None]).transpose(1, 0, 2, 3).reshape(sb, N, H)
         return jax.lax.dynamic_update_slice_in_dim(out, res, lo, 0)
 
-    dec_out = jax.lax.fori_loop(0, n_slot_blocks, decode_slot_block, jnp.zeros((dec_kv.shape[0], N, H)))
-    dec_out = dec_out[seg_t]  # [T, N, H]
+    if decode_impl == "ffi":  # decode rows filled, zeros elsewhere
+        kw = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
+        dec_out = cpu_attention.cpu_decode_attention(
+            q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs, **kw
+        )
+        dec_out = dec_out.astype(jnp.float32)
+    else:
+        dec_out = jax.lax.fori_loop(0, n_slot_blocks, decode_slot_block, jnp.zeros((dec_kv.shape[0], N, H)))
+        dec_out = dec_out[seg_t]  # [T, N, H]
 
     # ---- prefill: query-row blocks x blocks of the concatenated multi-token contexts ----------------------------
     qbk = min(q_block, T)

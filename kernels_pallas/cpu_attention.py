@@ -1,0 +1,199 @@
+"""Paged decode attention for CPU: a C++ XLA FFI custom call (cpu_decode_attention.cc), built on first use.
+
+XLA:CPU lowers the decode loop of xla_attention.py to page-block gathers and tiny batched dots (~2-3 GB/s of
+K/V); the C++ handler walks the page table and does q . K and p . V in registers. `cpu_decode_attention` fills
+the rows of decode sequences (q_len 1) and leaves every other row zero, for the XLA prefill path to fill.
+
+The shared library is compiled with the system C++ compiler (`$CXX`, else `c++`) into a per-user cache,
+`$XDG_CACHE_HOME/cbjax/kernels` (default `~/.cache/cbjax/kernels`), under a name that hashes the source, the
+flags, the compiler, jaxlib's version and the CPU (`-march=native`), so an edit or another machine builds anew
+and concurrent builders never see a half-written file (temp file + rename). The FFI target's name carries the
+same hash: a compiled step program saved to disk by another build names a target this process does not have,
+so loading it fails (and the program cache compiles afresh) instead of running stale code.
+
+`available()` says whether the kernel can be used here (False, with `unavailable_reason()`, when there is no
+compiler or the build fails); callers fall back to the XLA path then, never crash. Importing this module does
+no work beyond registering an already-built library, which a step program loaded from disk needs.
+"""
+
+import ctypes
+import functools
+import hashlib
+import os
+import pathlib
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+
+import jax
+import jax.numpy as jnp
+import jaxlib
+import numpy as np
+
+_SOURCE = pathlib.Path(__file__).with_name("cpu_decode_attention.cc")
+_FLAGS = ("-O3", "-march=native", "-std=c++17", "-fopenmp-simd", "-fPIC", "-shared", "-DNDEBUG")
+_SYMBOL = "CbjaxCpuDecodeAttention"
+_lock = threading.Lock()
+_state: dict = {}  # "lib", "target" once registered; "error" once failed
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CXX", "c++"))
+
+
+def _cpu_signature() -> str:
+    """What -march=native depends on: the CPU's model and feature flags (Linux), else the machine name."""
+    try:
+        lines = pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+        keep = [l for l in lines if l.startswith(("model name", "flags"))]
+        return "\n".join(sorted(set(keep)))
+    except OSError:
+        return platform.machine() + platform.processor()
+
+
+@functools.cache
+def _build_key() -> tuple[str, str] | None:
+    """(hash, compiler path), or None without a compiler. Cheap: no subprocess (a stat of the compiler)."""
+    cxx = _compiler()
+    if cxx is None or not _SOURCE.is_file():
+        return None
+    real = os.path.realpath(cxx)
+    st = os.stat(real)
+    h = hashlib.sha256()
+    for part in (_SOURCE.read_bytes(), repr(_FLAGS).encode(), f"{real}:{st.st_size}:{st.st_mtime_ns}".encode()):
+        h.update(part)
+    h.update(jaxlib.__version__.encode())
+    h.update(_cpu_signature().encode())
+    return h.hexdigest()[:16], cxx
+
+
+def _cache_dir() -> pathlib.Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "cbjax" / "kernels"
+
+
+def _library_path(digest: str) -> pathlib.Path:
+    return _cache_dir() / f"cpu_decode_attention-{digest}.so"
+
+
+def _build(cxx: str, path: pathlib.Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        cmd = [cxx, *_FLAGS, "-isystem", jax.ffi.include_dir(), str(_SOURCE), "-o", tmp]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if res.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{res.stderr[-4000:]}")
+        os.replace(tmp, path)  # atomic: a concurrent builder or reader sees no half-written library
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _register(path: pathlib.Path, digest: str) -> None:
+    lib = ctypes.cdll.LoadLibrary(str(path))
+    target = f"cbjax_cpu_decode_attention_{digest}"
+    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, _SYMBOL)), platform="cpu")
+    _state.update(lib=lib, target=target)
+
+
+def _ensure(build: bool) -> str | None:
+    """The registered target's name, building the library first if `build`; None if unavailable."""
+    with _lock:
+        if "target" in _state or "error" in _state:
+            return _state.get("target")
+        key = _build_key()
+        if key is None:
+            _state["error"] = f"no C++ compiler found ({os.environ.get('CXX', 'c++')!r} not on PATH)"
+            return None
+        digest, cxx = key
+        path = _library_path(digest)
+        try:
+            if not path.is_file():
+                if not build:
+                    return None
+                _build(cxx, path)
+            _register(path, digest)
+        except Exception as e:  # a failed build or load: report it, let the caller take the XLA path
+            _state["error"] = f"{type(e).__name__}: {e}"
+            return None
+        return _state["target"]
+
+
+def available() -> bool:
+    """True if the FFI kernel is built (building it now if needed) and registered in this process."""
+    return _ensure(build=True) is not None
+
+
+def unavailable_reason() -> str | None:
+    """Why `available()` is False (None if it is True or was not asked yet)."""
+    return _state.get("error")
+
+
+def default_num_threads() -> int:
+    """The CPUs this process may run on (the kernel splits its work items over that many threads)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def cpu_decode_attention(
+    q,
+    k_pages,
+    v_pages,
+    kv_lens,
+    page_indices,
+    cu_q_lens,
+    num_seqs,
+    *,
+    sm_scale: float | None = None,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    num_threads: int | None = None,
+):
+    """Decode attention over the paged cache: [T, N, H] in q's dtype, the decode sequences' rows filled (all
+    heads), zeros elsewhere. Shapes and masking rules: docs/kernels.md. q, k_pages, v_pages float32 or bfloat16.
+    `num_threads` (default: this process's CPUs) caps the threads the kernel uses (1: the calling thread only).
+    Jittable; runs on the CPU backend only. Raises RuntimeError if the kernel is unavailable (see `available`)."""
+    target = _ensure(build=True)
+    if target is None:
+        raise RuntimeError(f"cpu_decode_attention is unavailable: {unavailable_reason()}")
+    q, k_pages, v_pages = (jnp.asarray(x) for x in (q, k_pages, v_pages))
+    if q.ndim != 3 or k_pages.ndim != 4 or v_pages.shape != k_pages.shape:
+        raise ValueError(
+            f"expected q [T, N, H], k/v pages [K, P, G, H]; got {q.shape}, {k_pages.shape}, {v_pages.shape}"
+        )
+    if not (q.dtype == k_pages.dtype == v_pages.dtype) or q.dtype not in (jnp.float32, jnp.bfloat16):
+        raise ValueError(f"q, k_pages, v_pages must share float32 or bfloat16, got {q.dtype}, {k_pages.dtype}")
+    T, N, H = q.shape
+    K = k_pages.shape[0]
+    if k_pages.shape[3] != H or N % K:
+        raise ValueError(f"head dims differ or N={N} is not a multiple of K={K}")
+    i32 = lambda x: jnp.asarray(x, jnp.int32)
+    if sliding_window is not None and sliding_window <= 0:
+        raise ValueError(f"sliding_window must be positive, got {sliding_window}")
+    if soft_cap is not None and soft_cap <= 0:
+        raise ValueError(f"soft_cap must be positive, got {soft_cap}")
+    call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((T, N, H), q.dtype))
+    return call(
+        q,
+        k_pages,
+        v_pages,
+        i32(kv_lens),
+        i32(page_indices),
+        i32(cu_q_lens),
+        i32(num_seqs).reshape(-1)[:1],
+        sm_scale=np.float32(H**-0.5 if sm_scale is None else sm_scale),
+        soft_cap=np.float32(0.0 if soft_cap is None else soft_cap),
+        sliding_window=np.int32(0 if sliding_window is None else sliding_window),
+        num_threads=np.int32(default_num_threads() if num_threads is None else num_threads),
+    )
+
+
+# A step program saved to disk by an earlier process may call the kernel without this process tracing it:
+# register an already-built library now (cheap; never compiles at import).
+_ensure(build=False)

@@ -31,6 +31,7 @@ flags.DEFINE_integer("num_pages", None, "KV pages (default: from --kv_cache_memo
 flags.DEFINE_float("kv_cache_memory_gib", 2.0, "KV cache budget when --num_pages is not set")
 flags.DEFINE_integer("max_model_len", None, "default: the workload's longest prompt + output, at least 512")
 flags.DEFINE_string("dtype", "float32", "float32 or bfloat16")
+flags.DEFINE_string("matmul_dtype", None, "bfloat16: bf16 weights and matmul inputs, f32 accumulation")
 flags.DEFINE_string("attention_backend", "auto", "auto | pallas | xla")
 flags.DEFINE_bool("async_scheduling", True, "schedule step n+1 while step n runs")
 flags.DEFINE_integer("repeats", 1, "timed runs on the same engine; wall_s is their median")
@@ -78,6 +79,7 @@ def main(argv):
         kv_cache_memory_gib=FLAGS.kv_cache_memory_gib,
         max_model_len=FLAGS.max_model_len or max(max_len, 512),
         dtype=FLAGS.dtype,
+        matmul_dtype=FLAGS.matmul_dtype,
         attention_backend=FLAGS.attention_backend,
         async_scheduling=FLAGS.async_scheduling,
         warmup="full",  # every step program built before the timed runs

@@ -128,6 +128,11 @@ def available() -> bool:
     return _ensure(build=True) is not None
 
 
+def compiler_found() -> bool:
+    """Whether a C++ compiler is on PATH (without one the kernel cannot be built here)."""
+    return _compiler() is not None
+
+
 def unavailable_reason() -> str | None:
     """Why `available()` is False (None if it is True or was not asked yet)."""
     return _state.get("error")
@@ -156,7 +161,8 @@ def cpu_decode_attention(
     num_threads: int | None = None,
 ):
     """Decode attention over the paged cache: [T, N, H] in q's dtype, the decode sequences' rows filled (all
-    heads), zeros elsewhere. Shapes and masking rules: docs/kernels.md. q, k_pages, v_pages float32 or bfloat16.
+    heads), zeros elsewhere. Shapes and masking rules: docs/kernels.md. q float32 or bfloat16; k_pages and
+    v_pages one of those too (may differ from q's: a float32 model with a bfloat16 cache).
     `num_threads` (default: this process's CPUs) caps the threads the kernel uses (1: the calling thread only).
     Jittable; runs on the CPU backend only. Raises RuntimeError if the kernel is unavailable (see `available`)."""
     target = _ensure(build=True)
@@ -167,8 +173,11 @@ def cpu_decode_attention(
         raise ValueError(
             f"expected q [T, N, H], k/v pages [K, P, G, H]; got {q.shape}, {k_pages.shape}, {v_pages.shape}"
         )
-    if not (q.dtype == k_pages.dtype == v_pages.dtype) or q.dtype not in (jnp.float32, jnp.bfloat16):
-        raise ValueError(f"q, k_pages, v_pages must share float32 or bfloat16, got {q.dtype}, {k_pages.dtype}")
+    floats = (jnp.float32, jnp.bfloat16)
+    if k_pages.dtype != v_pages.dtype or q.dtype not in floats or k_pages.dtype not in floats:
+        raise ValueError(
+            f"q and k_pages = v_pages must be float32 or bfloat16, got {q.dtype}, {k_pages.dtype}, {v_pages.dtype}"
+        )
     T, N, H = q.shape
     K = k_pages.shape[0]
     if k_pages.shape[3] != H or N % K:

@@ -162,7 +162,8 @@ struct Scratch {
   std::vector<float> q, s, acc, m, inv_sum;
 };
 
-template <typename E, int HC>
+// Q: the dtype of q and the output; E: the dtype of the K/V pages (a float32 model may keep a bfloat16 cache).
+template <typename Q, typename E, int HC>
 void attend(const Problem& p, const Item& it, int64_t kh, Scratch& scratch) {
   const int64_t H = HC > 0 ? HC : p.H;
   const int64_t R = p.R, G = p.G;
@@ -174,7 +175,7 @@ void attend(const Problem& p, const Item& it, int64_t kh, Scratch& scratch) {
   float* __restrict acc = scratch.acc.data();
   float* __restrict s = scratch.s.data();
 
-  const E* q = static_cast<const E*>(p.q) + (static_cast<int64_t>(it.row) * p.N + kh * R) * H;
+  const Q* q = static_cast<const Q*>(p.q) + (static_cast<int64_t>(it.row) * p.N + kh * R) * H;
   for (int64_t i = 0; i < R * H; ++i) qs[i] = load(q[i]) * p.scale;
 
   const E* kbase = static_cast<const E*>(p.k) + kh * p.P * G * H;
@@ -243,27 +244,32 @@ void attend(const Problem& p, const Item& it, int64_t kh, Scratch& scratch) {
     }
   }
 
-  E* out = static_cast<E*>(p.out) + (static_cast<int64_t>(it.row) * p.N + kh * R) * H;
+  Q* out = static_cast<Q*>(p.out) + (static_cast<int64_t>(it.row) * p.N + kh * R) * H;
   for (int64_t r = 0; r < R; ++r)
     for (int64_t h = 0; h < H; ++h) store(out + r * H + h, acc[r * H + h] * inv_sum[r]);
 }
 
 using AttendFn = void (*)(const Problem&, const Item&, int64_t, Scratch&);
 
-template <typename E>
+template <typename Q, typename E>
 AttendFn pick(int64_t H) {
   switch (H) {
     case 32:
-      return attend<E, 32>;
+      return attend<Q, E, 32>;
     case 64:
-      return attend<E, 64>;
+      return attend<Q, E, 64>;
     case 128:
-      return attend<E, 128>;
+      return attend<Q, E, 128>;
     case 256:
-      return attend<E, 256>;
+      return attend<Q, E, 256>;
     default:
-      return attend<E, 0>;
+      return attend<Q, E, 0>;
   }
+}
+
+template <typename Q>
+AttendFn pick(ffi::DataType kv, int64_t H) {
+  return kv == ffi::DataType::F32 ? pick<Q, float>(H) : pick<Q, Bf16>(H);
 }
 
 // What the calling thread and its helpers share. Owned jointly (shared_ptr), since a helper may start after the
@@ -310,11 +316,12 @@ ffi::Error DecodeAttention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffe
   auto qd = q.dimensions(), kd = k_pages.dimensions(), pd = page_indices.dimensions();
   if (qd.size() != 3 || kd.size() != 4 || v_pages.dimensions().size() != 4)
     return ffi::Error::InvalidArgument("expected q [T, N, H] and k_pages, v_pages [K, P, G, H]");
-  const ffi::DataType dt = q.element_type();
-  if (dt != ffi::DataType::F32 && dt != ffi::DataType::BF16)
-    return ffi::Error::InvalidArgument("q must be float32 or bfloat16");
-  if (k_pages.element_type() != dt || v_pages.element_type() != dt || out->element_type() != dt)
-    return ffi::Error::InvalidArgument("q, k_pages, v_pages and the output must share one dtype");
+  const ffi::DataType dt = q.element_type(), kv_dt = k_pages.element_type();
+  auto is_float = [](ffi::DataType t) { return t == ffi::DataType::F32 || t == ffi::DataType::BF16; };
+  if (!is_float(dt) || !is_float(kv_dt))
+    return ffi::Error::InvalidArgument("q and the K/V pages must be float32 or bfloat16");
+  if (v_pages.element_type() != kv_dt || out->element_type() != dt)
+    return ffi::Error::InvalidArgument("k_pages and v_pages must share a dtype, and the output must have q's");
   auto vd = v_pages.dimensions();
   for (int i = 0; i < 4; ++i)
     if (vd[i] != kd[i]) return ffi::Error::InvalidArgument("k_pages and v_pages differ in shape");
@@ -344,7 +351,7 @@ ffi::Error DecodeAttention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffe
 
   auto batch = std::make_shared<Batch>();
   batch->p = p;
-  batch->fn = dt == ffi::DataType::F32 ? pick<float>(p.H) : pick<Bf16>(p.H);
+  batch->fn = dt == ffi::DataType::F32 ? pick<float>(kv_dt, p.H) : pick<Bf16>(kv_dt, p.H);
   const int32_t* kv = kv_lens.typed_data();
   const int32_t* cu = cu_q_lens.typed_data();
   const int64_t live = std::min<int64_t>(std::max<int32_t>(num_seqs.typed_data()[0], 0), p.S);

@@ -22,6 +22,7 @@ or "auto" (the default; the CBJAX_DECODE_ATTENTION environment variable, "ffi" |
 the FFI kernel on the CPU backend when it builds, else the XLA loop. The prefill half is XLA either way.
 """
 
+import functools
 import logging
 import os
 
@@ -51,10 +52,13 @@ def resolve_decode_impl(decode_impl: str = "auto") -> str:
         return "xla"
     if cpu_attention.available():
         return "ffi"
-    _log.warning(
-        "cbjax: CPU decode attention kernel unavailable, using the XLA path (%s)", cpu_attention.unavailable_reason()
-    )
+    _warn_unavailable_once(cpu_attention.unavailable_reason())
     return "xla"
+
+
+@functools.cache
+def _warn_unavailable_once(reason: str) -> None:
+    _log.warning("cbjax: CPU decode attention kernel unavailable, using the XLA path (%s)", reason)
 
 
 def _pad_to(x, multiple: int, axis: int, value=0):

@@ -17,6 +17,7 @@ from cbjax.runner.program_cache import ProgramCache
 from cbjax.runner.sampler import sample
 from cbjax.runner.step_input import BucketTable, StepInput, empty_step_input, pack_step
 from cbjax.runner.step_programs import StepPrograms
+from kernels_pallas.xla_attention import resolve_decode_impl
 
 WARMUP_MODES = ("full", "background", "none")
 
@@ -160,7 +161,19 @@ class ModelRunner:
     def _program_key(self, T: int) -> tuple:
         b = self.buckets
         shapes = tuple((a.shape, a.dtype) for a in jax.tree.leaves(self._avals))
-        return (self.graphdef, self.backend, self.interpret, shapes, T, b.slots(T), b.pages_per_seq, b.max_num_seqs)
+        # The xla backend's decode rows run the C++ kernel or the XLA loop (chosen at trace time, see xla_attention).
+        decode = resolve_decode_impl() if self.backend == "xla" else None
+        return (
+            self.graphdef,
+            self.backend,
+            decode,
+            self.interpret,
+            shapes,
+            T,
+            b.slots(T),
+            b.pages_per_seq,
+            b.max_num_seqs,
+        )
 
     def _build_program(self, T: int):
         """The step for token bucket T: loaded from the program cache, else traced, lowered and compiled."""

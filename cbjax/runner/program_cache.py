@@ -7,9 +7,9 @@ compiled executables themselves (jax.experimental.serialize_executable), in a fo
 An entry's key is a hash of everything the program depends on: jax and jaxlib versions, the device, XLA_FLAGS and
 the jax options that change lowering, the caller's description of the program (model config, argument shapes,
 bucket, options), and the source of every module that is traced into it (the cbjax.model, cbjax.runner and
-kernels_pallas packages), so an edit to that code, an upgrade or another model is a miss, never a stale program.
-An unreadable or incompatible entry is a miss too. Executables can run code: keep the cache directory private,
-as jax asks for its own cache.
+kernels_pallas packages, C++ kernels included), so an edit to that code, an upgrade or another model is a miss,
+never a stale program. An unreadable or incompatible entry is a miss too. Executables can run code: keep the
+cache directory private, as jax asks for its own cache.
 """
 
 import contextlib
@@ -30,7 +30,7 @@ _ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 def _sources_digest() -> str:
     h = hashlib.sha256()
     for package in _TRACED_PACKAGES:
-        for path in sorted((_ROOT / package).glob("*.py")):
+        for path in sorted([*(_ROOT / package).glob("*.py"), *(_ROOT / package).glob("*.cc")]):
             h.update(path.name.encode())
             h.update(path.read_bytes())
     return h.hexdigest()

@@ -10,6 +10,7 @@ Programs are shared by every runner of the process with the same model, shapes a
 second engine builds nothing.
 """
 
+import atexit
 import concurrent.futures
 import threading
 from collections.abc import Callable, Hashable, Sequence
@@ -20,6 +21,18 @@ from cbjax.runner.compile_counter import CompileCounter
 # jitted calls; ahead-of-time compiled programs bypass it).
 _SHARED: dict[Hashable, concurrent.futures.Future] = {}
 _SHARED_LOCK = threading.Lock()
+
+# Background builders stop at interpreter exit: a daemon thread still inside XLA when the process tears down
+# aborts it ("terminate called ... exception not rethrown"), so exit waits for the program being built, not the rest.
+_EXITING = threading.Event()
+_BACKGROUND: list[threading.Thread] = []
+
+
+@atexit.register
+def _stop_background_builds() -> None:
+    _EXITING.set()
+    for thread in _BACKGROUND:
+        thread.join()
 
 
 class StepPrograms:
@@ -75,10 +88,13 @@ class StepPrograms:
         """Build every bucket's program in a background thread, smallest first (decode steps use the small ones)."""
         if self._background is None:
             self._background = threading.Thread(target=self._build_quietly, name="cbjax-compile", daemon=True)
+            _BACKGROUND.append(self._background)
             self._background.start()
 
     def _build_quietly(self) -> None:
         for T in self.buckets:
+            if _EXITING.is_set():
+                return
             try:
                 self.get(T)
             except Exception:  # the step that needs this bucket builds it again and raises

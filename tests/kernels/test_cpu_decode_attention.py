@@ -15,6 +15,14 @@ needs_kernel = pytest.mark.skipif(
     not cpu_attention.available(), reason=f"FFI kernel unavailable: {cpu_attention.unavailable_reason()}"
 )
 
+
+def test_kernel_builds_where_a_compiler_exists():
+    """The other tests skip without a C++ compiler; with one, a failed build is a failure, not a skip."""
+    if not cpu_attention.compiler_found():
+        pytest.skip("no C++ compiler: the engine uses the XLA decode path (tested in test_xla_attention.py)")
+    assert cpu_attention.available(), cpu_attention.unavailable_reason()
+
+
 GARBAGE = np.array([-1, -(2**31), 2**31 - 1, 10**6], np.int32)
 
 
@@ -165,11 +173,30 @@ def test_bfloat16(H):
 
 
 @needs_kernel
+@pytest.mark.parametrize("q_dtype,kv_dtype", [(jnp.float32, jnp.bfloat16), (jnp.bfloat16, jnp.float32)])
+def test_query_and_cache_dtypes_may_differ(q_dtype, kv_dtype):
+    """A float32 model with a bfloat16 KV cache (and the reverse): output in q's dtype, math in f32."""
+    rng = np.random.default_rng(7)
+    lens = decode_lens(16)
+    args = poison_page_table(rng, make_case(rng, [1] * len(lens), lens, K=2, N=8, H=64, G=16), 16)
+    q = jnp.asarray(args[0], q_dtype)
+    k, v = (jnp.asarray(x, kv_dtype) for x in args[1:3])
+    got = cpu_attention.cpu_decode_attention(q, k, v, *args[3:])
+    assert got.dtype == q_dtype
+    want = naive(*(np.asarray(x, np.float32) for x in (q, k, v)), *args[3:])
+    rows = decode_rows(args)
+    tol = 2e-5 if q_dtype == jnp.float32 else 1e-2  # only the output's rounding to bf16 adds error
+    np.testing.assert_allclose(np.asarray(got, np.float32)[rows], want[rows], atol=tol, rtol=tol)
+
+
+@needs_kernel
 def test_rejects_bad_inputs():
     rng = np.random.default_rng(0)
     q, k, v, *meta = make_case(rng, [1], [5])
-    with pytest.raises(ValueError, match="share"):
-        cpu_attention.cpu_decode_attention(jnp.asarray(q, jnp.bfloat16), k, v, *meta)
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        cpu_attention.cpu_decode_attention(q, jnp.asarray(k, jnp.bfloat16), v, *meta)
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        cpu_attention.cpu_decode_attention(jnp.asarray(q, jnp.float16), k, v, *meta)
     with pytest.raises(ValueError, match="multiple"):
         cpu_attention.cpu_decode_attention(q[:, :3], k, v, *meta)
 

@@ -70,15 +70,21 @@ def _runner_without_attention(model, num_pages, buckets):
     from cbjax.runner.model_runner import ModelRunner
     from cbjax.runner.step_programs import clear_shared_programs
 
+    import jax
+
     real = llama.ragged_attention
     llama.ragged_attention = lambda q, *args, **kwargs: q
-    clear_shared_programs()  # the programs are keyed by shapes, not by the attention they trace
+    # The programs are keyed by shapes, not by the attention they trace: forget the built ones, and jax's traces
+    # of the step (else the real runner would get this trace back, or this runner the real one).
+    clear_shared_programs()
+    jax.clear_caches()
     try:
         runner = ModelRunner(model, num_pages=num_pages, page_size=PAGE_SIZE, buckets=buckets)
         runner.warmup("full")
     finally:
         llama.ragged_attention = real
         clear_shared_programs()
+        jax.clear_caches()
     return runner
 
 
@@ -126,20 +132,24 @@ def main(argv):
     def w(*shape):
         return jax.random.normal(next(key), shape, jnp.float32).astype(mm) * 0.02
 
-    weights = dict(qkv=w(D, (N + 2 * K) * H), o=w(N * H, D), gate_up=w(D, 2 * F), down=w(F, D), head=w(D, V))
+    # One weight set per layer, as in the model: the same dots repeated on the same operands would be merged by
+    # XLA (common subexpressions), and one set would stay in cache where the model's L sets do not.
+    layers = [dict(qkv=w(D, (N + 2 * K) * H), o=w(N * H, D), gate_up=w(D, 2 * F), down=w(F, D)) for _ in range(L)]
+    weights = dict(gate_up=layers[0]["gate_up"], head=w(D, V))
     dot = jax.jit(lambda x, y: jnp.dot(x.astype(mm), y, preferred_element_type=jnp.float32))
 
     @jax.jit
-    def matmuls(x, a, wq, wo, wg, wd):
+    def matmuls(x, a, layers):
         acc = jnp.zeros((), jnp.float32)
-        for _ in range(L):  # the step's L layers of linears, kept alive through a reduction
-            acc += dot(x, wq).sum() + dot(a, wo).sum() + dot(jax.nn.silu(dot(x, wg))[:, :F], wd).sum()
+        for lw in layers:  # the step's L layers of linears, kept alive through a reduction
+            acc += dot(x, lw["qkv"]).sum() + dot(a, lw["o"]).sum()
+            acc += dot(jax.nn.silu(dot(x, lw["gate_up"]))[:, :F], lw["down"]).sum()
         return acc
 
     @jax.jit
-    def attention(q, kv, md):
+    def attention(q, kv_caches, md):
         out = jnp.zeros((), jnp.float32)
-        for _ in range(L):
+        for kv in kv_caches:  # each layer's own cache (distinct operands: nothing merged)
             out += ragged_attention(q, *kv, *md, backend=runner.backend).astype(jnp.float32).sum()
         return out
 
@@ -173,10 +183,8 @@ def main(argv):
         programs = {
             "step": lambda inp=inp: runner._run(inp),
             "no_attn": lambda inp=inp: no_attn._run(inp),
-            "matmuls": lambda x=x, a=a: matmuls(
-                x, a, weights["qkv"], weights["o"], weights["gate_up"], weights["down"]
-            ),
-            "attention": lambda q=q, md=md: attention(q, runner.kv_caches[0], md),
+            "matmuls": lambda x=x, a=a: matmuls(x, a, layers),
+            "attention": lambda q=q, md=md: attention(q, runner.kv_caches, md),
             "lm_head": lambda h=hidden: dot(h, weights["head"]),
             "sampling": lambda lg=logits, p=params: sampler(lg, *p),
             "bare": lambda x=x: dot(x, weights["gate_up"]),

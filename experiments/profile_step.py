@@ -66,11 +66,11 @@ def _seqs(spec: str, max_num_seqs: int) -> tuple[int, list[tuple[int, int]]]:
 
 def _runner_without_attention(model, num_pages, buckets):
     """A runner whose step programs skip the paged attention (the attention output is the query itself)."""
+    import jax
+
     import cbjax.model.llama as llama
     from cbjax.runner.model_runner import ModelRunner
     from cbjax.runner.step_programs import clear_shared_programs
-
-    import jax
 
     real = llama.ragged_attention
     llama.ragged_attention = lambda q, *args, **kwargs: q

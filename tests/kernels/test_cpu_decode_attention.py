@@ -83,14 +83,18 @@ def decode_lens(G):
     return [1, G - 1, G, G + 1, 2 * G, 3 * G - 1, 5 * G + 3]
 
 
+def decode_case(seed, *, K=2, N=8, H=64, G=16):
+    """A decode-only batch over decode_lens(G), page-table tails poisoned."""
+    rng = np.random.default_rng(seed)
+    lens = decode_lens(G)
+    return poison_page_table(rng, make_case(rng, [1] * len(lens), lens, K=K, N=N, H=H, G=G), G)
+
+
 @needs_kernel
 @pytest.mark.parametrize("R", [1, 2, 4, 8])
 @pytest.mark.parametrize("H", [32, 64, 128])
 def test_decode_matches_naive_gqa_and_head_dims(R, H):
-    rng = np.random.default_rng(R * 1000 + H)
-    G = 16
-    lens = decode_lens(G)
-    args = poison_page_table(rng, make_case(rng, [1] * len(lens), lens, K=2, N=2 * R, H=H, G=G), G)
+    args = decode_case(R * 1000 + H, K=2, N=2 * R, H=H, G=16)
     check_kernel(args)
 
 
@@ -98,9 +102,7 @@ def test_decode_matches_naive_gqa_and_head_dims(R, H):
 @pytest.mark.parametrize("G", [8, 16, 32])
 @pytest.mark.parametrize("window,soft_cap", [(None, None), (1, None), (6, None), (21, None), (None, 5.0), (9, 3.0)])
 def test_decode_page_sizes_window_soft_cap(G, window, soft_cap):
-    rng = np.random.default_rng(G)
-    lens = decode_lens(G)
-    args = poison_page_table(rng, make_case(rng, [1] * len(lens), lens, K=2, N=8, H=64, G=G), G)
+    args = decode_case(G, G=G)
     check_kernel(args, window=window, soft_cap=soft_cap)
 
 
@@ -108,9 +110,7 @@ def test_decode_page_sizes_window_soft_cap(G, window, soft_cap):
 @pytest.mark.parametrize("H", [16, 40, 256])
 def test_other_head_dims(H):
     """256: the widest compiled-in head dim; 40: the generic (runtime H, not a multiple of 16) path."""
-    rng = np.random.default_rng(H)
-    lens = decode_lens(8)
-    args = poison_page_table(rng, make_case(rng, [1] * len(lens), lens, K=1, N=3, H=H, G=8), 8)
+    args = decode_case(H, K=1, N=3, H=H, G=8)
     check_kernel(args)
 
 
@@ -158,9 +158,7 @@ def test_threads_give_identical_results():
 @needs_kernel
 @pytest.mark.parametrize("H", [32, 64, 40])
 def test_bfloat16(H):
-    rng = np.random.default_rng(H)
-    lens = decode_lens(16)
-    args = poison_page_table(rng, make_case(rng, [1] * len(lens), lens, K=2, N=8, H=H, G=16), 16)
+    args = decode_case(H, H=H)
     bf = [jnp.asarray(x, jnp.bfloat16) for x in args[:3]]
     got = cpu_attention.cpu_decode_attention(*bf, *args[3:])
     assert got.dtype == jnp.bfloat16
@@ -176,9 +174,7 @@ def test_bfloat16(H):
 @pytest.mark.parametrize("q_dtype,kv_dtype", [(jnp.float32, jnp.bfloat16), (jnp.bfloat16, jnp.float32)])
 def test_query_and_cache_dtypes_may_differ(q_dtype, kv_dtype):
     """A float32 model with a bfloat16 KV cache (and the reverse): output in q's dtype, math in f32."""
-    rng = np.random.default_rng(7)
-    lens = decode_lens(16)
-    args = poison_page_table(rng, make_case(rng, [1] * len(lens), lens, K=2, N=8, H=64, G=16), 16)
+    args = decode_case(7)
     q = jnp.asarray(args[0], q_dtype)
     k, v = (jnp.asarray(x, kv_dtype) for x in args[1:3])
     got = cpu_attention.cpu_decode_attention(q, k, v, *args[3:])
@@ -208,7 +204,7 @@ def test_rejects_bad_inputs():
 @pytest.mark.parametrize("name", sorted(CASES))
 @pytest.mark.parametrize("window,soft_cap", [(None, None), (6, None), (None, 5.0)])
 def test_ragged_with_ffi_decode_matches_naive_and_xla_decode(name, window, soft_cap):
-    rng = np.random.default_rng(abs(hash(name)) % 2**31)
+    rng = np.random.default_rng(sorted(CASES).index(name))  # str hashes change per process
     q_lens, kv_lens = CASES[name]
     args = make_case(rng, q_lens, kv_lens)
     kw = dict(

@@ -115,3 +115,21 @@ def test_bf16_matmuls_match_their_full_forward_up_to_near_ties():
         margin = abs(logits[r[i]] - logits[g[i]])
         assert margin < 0.05, f"diverged at token {i} where the reference's margin is {margin}, not a near-tie"
     assert exact >= len(prompts) * 3 // 4
+
+
+def test_lm_head_on_the_first_rows_or_on_all_slots(model):
+    """A step whose bucket has more than HEAD_ROWS slots runs the LM head and the sampler on its first HEAD_ROWS
+    rows when its sequences fit there, else on all S slots: both branches, token-exact."""
+    from cbjax.runner.model_runner import HEAD_ROWS
+
+    # Many short requests decoding together (more than HEAD_ROWS sequences), then long prompts whose prefill
+    # chunks fill big buckets with few sequences.
+    short = random_workload(HEAD_ROWS + 16, seed=2, vocab=model.cfg.vocab_size, prompt_range=(1, 8))
+    long = random_workload(4, seed=3, vocab=model.cfg.vocab_size, prompt_range=(200, 300), max_tokens_range=(8, 16))
+    prompts, params = short[0] + long[0], short[1] + long[1]
+    ref = greedy_reference(model, prompts, [p.max_tokens for p in params], width=MAX_MODEL_LEN)
+    opts = dict(OPTS, max_num_seqs=2 * HEAD_ROWS, max_num_batched_tokens=4 * HEAD_ROWS)
+    engine = run_and_check(LLMEngine(model, num_pages=512, **opts), prompts, params, ref)
+    slots = [(min(s["padded_tokens"], opts["max_num_seqs"]), s["num_scheduled_seqs"]) for s in engine.step_records]
+    assert any(S > HEAD_ROWS and n <= HEAD_ROWS for S, n in slots), "no step took the first-rows branch"
+    assert any(n > HEAD_ROWS for S, n in slots), "no step took the all-slots branch"

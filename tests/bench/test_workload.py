@@ -1,7 +1,7 @@
-"""Tests for cbjax.bench.workload: generators, presets, loaders, clipping and config validation."""
+"""Tests for cbjax.bench.workload: generators, presets, loaders, clipping and config validation (arrivals and
+lengths: test_arrivals.py, test_lengths.py)."""
 
 import json
-import math
 import os
 import pathlib
 import types
@@ -12,83 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cbjax.bench import trace_files as wf
-from cbjax.bench.arrivals import arrival_times
-from cbjax.bench.lengths import LengthSpec
 from cbjax.bench.requests import WorkloadRequest
 from cbjax.bench.workload import clip_to_max_model_len, make_workload
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
-
-
-def cv(x):
-    return np.std(x) / np.mean(x)
-
-
-# ---------------------------------------------------------------------------------------------- arrivals
-
-
-def test_offline_and_infinite_rate_arrive_at_zero():
-    assert np.array_equal(arrival_times(5, "offline"), np.zeros(5))
-    rng = np.random.default_rng(0)
-    assert np.array_equal(arrival_times(5, "poisson", rng=rng, request_rate=math.inf), np.zeros(5))
-
-
-def test_poisson_gaps_have_mean_one_over_rate_and_cv_one():
-    t = arrival_times(20001, "poisson", rng=np.random.default_rng(1), request_rate=4.0)
-    assert t[0] == 0.0 and np.all(np.diff(t) >= 0)
-    gaps = np.diff(t)
-    assert np.mean(gaps) == pytest.approx(0.25, rel=0.03)
-    assert cv(gaps) == pytest.approx(1.0, rel=0.03)
-
-
-@pytest.mark.parametrize("burstiness", [0.25, 4.0])
-def test_gamma_gaps_keep_the_rate_and_have_cv_one_over_sqrt_burstiness(burstiness):
-    t = arrival_times(20001, "gamma", rng=np.random.default_rng(2), request_rate=2.0, burstiness=burstiness)
-    gaps = np.diff(t)
-    assert np.mean(gaps) == pytest.approx(0.5, rel=0.05)
-    assert cv(gaps) == pytest.approx(1 / math.sqrt(burstiness), rel=0.08)
-
-
-def test_gamma_with_burstiness_one_is_exactly_poisson():
-    a = arrival_times(100, "gamma", rng=np.random.default_rng(3), request_rate=3.0, burstiness=1.0)
-    b = arrival_times(100, "poisson", rng=np.random.default_rng(3), request_rate=3.0)
-    assert np.array_equal(a, b)
-
-
-def test_trace_arrivals_are_shifted_to_zero_and_sorted():
-    assert arrival_times(3, "trace", trace=[5.0, 4.0, 7.5, 100.0]).tolist() == [0.0, 1.0, 3.5]
-    with pytest.raises(ValueError, match="fewer than num_requests"):
-        arrival_times(3, "trace", trace=[1.0])
-
-
-# ---------------------------------------------------------------------------------------------- lengths
-
-
-def test_lognormal_median_and_clipping():
-    spec = LengthSpec("lognormal", median=200, sigma=0.5, min=50, max=600)
-    x = spec.sample(np.random.default_rng(0), 20000)
-    assert x.dtype == np.int64
-    assert np.median(x) == pytest.approx(200, rel=0.03)
-    assert x.min() == 50 and x.max() == 600  # sigma 0.5 reaches both clip bounds in 20k draws
-
-
-def test_lognormal_mean_parameterisation():
-    x = LengthSpec("lognormal", mean=100, sigma=0.5).sample(np.random.default_rng(0), 20000)
-    assert np.mean(x) == pytest.approx(100, rel=0.03)
-    assert np.median(x) == pytest.approx(100 * math.exp(-0.125), rel=0.03)
-
-
-def test_uniform_is_inclusive_and_fixed_is_constant():
-    x = LengthSpec("uniform", low=3, high=6).sample(np.random.default_rng(0), 2000)
-    assert set(x.tolist()) == {3, 4, 5, 6}
-    assert LengthSpec("fixed", value=7).sample(np.random.default_rng(0), 4).tolist() == [7, 7, 7, 7]
-
-
-def test_scaled_multiplies_lengths_but_not_sigma():
-    s = LengthSpec("lognormal", median=256, sigma=0.6, min=16, max=1024).scaled(0.125)
-    assert (s.median, s.sigma, s.min, s.max) == (32, 0.6, 2, 128)
-    assert LengthSpec("uniform", low=1, high=10).scaled(0.01) == LengthSpec("uniform", low=1, high=1)
-
 
 # ---------------------------------------------------------------------------------------------- make_workload
 

@@ -245,11 +245,10 @@ def load_hf_params(path: str, cfg: ModelConfig) -> dict[tuple, np.ndarray]:
     """Every parameter of `cfg`'s model, read from the checkpoint at `path`, in the dtype the model gives it (host
     arrays)."""
     files = _SafetensorsFiles(path)
-    abstract = abstract_model(cfg)
-    shapes = {p: tuple(v.get_value().shape) for p, v in nnx.to_flat_state(nnx.state(abstract, nnx.Param))}
+    specs = {p: v.get_value() for p, v in nnx.to_flat_state(nnx.state(abstract_model(cfg), nnx.Param))}
     names = hf_tensor_names(cfg)
-    if set(shapes) != set(names):  # a decoder change the mapping does not know about: fail loudly, not silently
-        raise AssertionError(f"parameter map out of date: {sorted(set(shapes) ^ set(names))}")
+    if set(specs) != set(names):  # a decoder change the mapping does not know about: fail loudly, not silently
+        raise AssertionError(f"parameter map out of date: {sorted(set(specs) ^ set(names))}")
     wanted = {hf for hfs, _ in names.values() for hf in hfs}
     if cfg.tie_word_embeddings:
         wanted.add("lm_head.weight")  # some tied checkpoints still store the (identical) head; it is not used
@@ -258,10 +257,10 @@ def load_hf_params(path: str, cfg: ModelConfig) -> dict[tuple, np.ndarray]:
         raise ValueError(
             f"{files._where()}: unexpected tensors for this config (another architecture?): {unexpected[:5]}"
         )
-    dtypes = {p: v.get_value().dtype for p, v in nnx.to_flat_state(nnx.state(abstract, nnx.Param))}
     out = {}
     for nnx_path, (hf_names, transpose) in names.items():
-        shape = shapes[nnx_path][::-1] if transpose else shapes[nnx_path]  # in HF's [out, in] order
+        spec = specs[nnx_path]
+        shape = tuple(spec.shape)[::-1] if transpose else tuple(spec.shape)  # in HF's [out, in] order
         parts = []
         for name, size in zip(hf_names, fused_part_sizes(cfg, hf_names) or [shape[0]]):
             arr, file = files.get(name)
@@ -279,7 +278,7 @@ def load_hf_params(path: str, cfg: ModelConfig) -> dict[tuple, np.ndarray]:
                 raise ValueError(f"{file}: tensor {name!r} has non-finite values (corrupt checkpoint?)")
             parts.append(arr)
         arr = np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
-        out[nnx_path] = (arr.T if transpose else arr).astype(dtypes[nnx_path])  # the model's dtype for it
+        out[nnx_path] = (arr.T if transpose else arr).astype(spec.dtype)  # the model's dtype for it
     return out
 
 

@@ -88,7 +88,7 @@ class StepPrograms:
         """Build every bucket's program in a background thread, smallest first (decode steps use the small ones)."""
         if self._background is None:
             self._background = threading.Thread(target=self._build_quietly, name="cbjax-compile", daemon=True)
-            _BACKGROUND.append(self._background)
+            _BACKGROUND[:] = [t for t in _BACKGROUND if t.is_alive()] + [self._background]  # finished: dropped
             self._background.start()
 
     def _build_quietly(self) -> None:

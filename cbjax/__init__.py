@@ -8,7 +8,7 @@ import importlib
 _EXPORTS = {
     "LLM": "cbjax.llm",
     "LLMEngine": "cbjax.engine",
-    "EngineConfig": "cbjax.engine",
+    "EngineConfig": "cbjax.engine_config",
     "SamplingParams": "cbjax.core.sampling_params",
     "RequestOutput": "cbjax.core.outputs",
     "CompletionOutput": "cbjax.core.outputs",

@@ -6,63 +6,28 @@ is disturbed), and records per-step statistics for the metrics.
 
 import collections
 import dataclasses
-import math
-import numbers
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 
 import jax
 
+from cbjax.core import validation as check
 from cbjax.core.clock import Clock, RealClock
 from cbjax.core.outputs import CompletionOutput, RequestOutput
 from cbjax.core.request import Request
 from cbjax.core.sampling_params import SamplingParams
 from cbjax.core.scheduler import Scheduler, SchedulerConfig
+from cbjax.engine_config import EngineConfig
 from cbjax.model.config import ModelConfig, get_model_config
 from cbjax.model.hf_loader import load_hf_model
 from cbjax.model.llama import Llama, init_model, kv_cache_bytes_per_page
 from cbjax.model.registry import resolve_checkpoint
 from cbjax.model.tokenizer import Tokenizer
 from cbjax.runner.compile_cache import configure_compilation_cache
-from cbjax.runner.model_runner import WARMUP_MODES, ModelRunner, StepHandle
+from cbjax.runner.model_runner import ModelRunner, StepHandle
 from cbjax.runner.step_input import BucketTable
 from kernels_pallas.dispatch import resolve_backend
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineConfig:
-    policy: str = "fcfs"  # scheduling policy: a name in cbjax.core.policies.POLICIES (docs/policies.md)
-    policy_options: dict | None = None  # the policy's constructor options, e.g. {"aging_s": 5.0}
-    max_num_seqs: int = 64  # slots per step
-    max_num_batched_tokens: int = 512  # token budget per step (prefill chunks + decodes)
-    page_size: int = 16  # tokens per KV page
-    num_pages: int | None = None  # KV pages; None: derived from kv_cache_memory_gib
-    kv_cache_memory_gib: float = 1.0  # memory budget of the KV cache when num_pages is None
-    max_model_len: int | None = None  # prompt + output tokens; None: the model's max_position_embeddings
-    dtype: str | None = None  # parameter / activation dtype; None: the model config's
-    matmul_dtype: str | None = None  # the linear layers' weights and matmul inputs (ModelConfig.matmul_dtype)
-    seed: int = 0  # model init (random models) and the default per-request sampling seeds
-    attention_backend: str = "auto"  # auto | pallas | xla (auto: pallas on TPU/GPU, xla on CPU)
-    pallas_interpret: bool = False  # run Pallas kernels in interpret mode (CPU tests)
-    enable_chunked_prefill: bool = True
-    watermark_fraction: float = 0.01  # fraction of the pages kept free at admission, so running sequences can grow
-    static_batch_timeout_s: float = 0.0  # static: wait for a full batch or this long (0: start with what waits)
-    preemption_mode: str = "recompute"  # recompute: drop a victim's KV | swap: move it to host memory and back
-    swap_space_gib: float = 1.0  # swap: host memory for swapped-out KV pages (a victim that does not fit recomputes)
-    num_host_pages: int | None = None  # swap: host pool in pages; None: derived from swap_space_gib
-    enable_prefix_caching: bool = False  # share the KV pages of identical prompt prefixes (vLLM's option)
-    # When the step programs (one per token bucket) are built: "background" (start serving at once; a background
-    # thread builds them, smallest first, and a step whose program is missing builds it itself), "full" (all
-    # before the constructor returns: time nothing before that), "none" (each when first needed). True is "full",
-    # False "none".
-    warmup: bool | str = "background"
-    # Persistent compilation cache (cbjax/runner/compile_cache.py): "auto" (a folder in the user's cache
-    # directory), "off", or a directory. The CBJAX_COMPILATION_CACHE environment variable overrides it.
-    compilation_cache: str = "auto"
-    # Schedule and start step n+1 before the results of step n reach the host (its sampled tokens are fed to step
-    # n+1 on the device), so host work overlaps the device's. False: one step at a time.
-    async_scheduling: bool = True
 
 
 class LLMEngine:
@@ -77,12 +42,7 @@ class LLMEngine:
     def __init__(
         self, model: "str | ModelConfig | Llama | None" = "llama-tiny", *, clock: Clock | None = None, **options
     ):
-        unknown = set(options) - {f.name for f in dataclasses.fields(EngineConfig)}
-        if unknown:
-            raise ValueError(f"unknown engine options: {sorted(unknown)}")
-        cfg = EngineConfig(**options)
-        if cfg.warmup not in (True, False, *WARMUP_MODES):
-            raise ValueError(f"warmup must be one of {WARMUP_MODES} (or a bool), got {cfg.warmup!r}")
+        cfg = EngineConfig.from_options(options)  # every option checked before anything is loaded or compiled
         self.clock = clock or RealClock()
         # First: building the model may compile too.
         self.compilation_cache_dir = configure_compilation_cache(cfg.compilation_cache)
@@ -90,9 +50,20 @@ class LLMEngine:
         mcfg = self.model.cfg
         self.model_config = mcfg
         max_model_len = cfg.max_model_len or mcfg.max_position_embeddings
+        if max_model_len > mcfg.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len={max_model_len} exceeds the model's max_position_embeddings "
+                f"({mcfg.max_position_embeddings}); choose max_model_len <= {mcfg.max_position_embeddings}"
+            )
         num_pages = cfg.num_pages
         if num_pages is None:
-            num_pages = max(1, int(cfg.kv_cache_memory_gib * 2**30) // kv_cache_bytes_per_page(mcfg, cfg.page_size))
+            page_bytes = kv_cache_bytes_per_page(mcfg, cfg.page_size)
+            num_pages = int(cfg.kv_cache_memory_gib * 2**30) // page_bytes
+            if num_pages < 1:
+                raise ValueError(
+                    f"kv_cache_memory_gib={cfg.kv_cache_memory_gib} holds no KV page (one page of {cfg.page_size} "
+                    f"tokens takes {page_bytes} bytes for this model); raise it or set num_pages"
+                )
         num_host_pages = 0
         if cfg.preemption_mode == "swap":
             num_host_pages = cfg.num_host_pages
@@ -179,78 +150,63 @@ class LLMEngine:
 
         `priority` (lower is more important), `tenant` and `deadline` (absolute, on the engine's clock) are read
         by the policies that use them (priority, fair_share, edf)."""
+        if not isinstance(request_id, str):
+            raise ValueError(f"request_id must be a string, got {request_id!r} ({type(request_id).__name__})")
+        where = f"request {request_id!r}: "
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
-            raise ValueError(f"request {request_id!r}: params must be SamplingParams, got {type(params).__name__}")
+            raise ValueError(f"{where}params must be SamplingParams, got {type(params).__name__}")
         if request_id in self.requests:
-            raise ValueError(f"request {request_id!r}: duplicate request id (a request with this id is unfinished)")
-        tokens = self._validate_prompt(request_id, prompt)
-        total = len(tokens) + params.max_tokens
+            raise ValueError(f"{where}duplicate request id (a request with this id is unfinished)")
         mcfg, cfg = self.model_config, self.config
+        try:
+            tokens = self._prompt_token_ids(prompt)
+            check.token_ids("stop_token_ids", params.stop_token_ids, mcfg.vocab_size)
+            priority = check.integer("priority", priority)
+            tenant = check.text("tenant", tenant, empty=True)
+            deadline = check.optional_real("deadline", deadline)
+            arrival_time = check.optional_real("arrival_time", arrival_time)
+        except ValueError as e:
+            raise ValueError(where + str(e)) from None
+        total = len(tokens) + params.max_tokens
         if mcfg.extra_eos_token_ids and not params.ignore_eos:
             # The scheduler stops on one eos id; the checkpoint's other eos ids become stop tokens (same reason).
             params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + mcfg.extra_eos_token_ids)
         if len(tokens) > cfg.max_model_len:
-            raise ValueError(
-                f"request {request_id!r}: prompt of {len(tokens)} tokens is longer than "
-                f"max_model_len={cfg.max_model_len}"
-            )
+            raise ValueError(f"{where}prompt of {len(tokens)} tokens is longer than max_model_len={cfg.max_model_len}")
         if total > cfg.max_model_len:
             raise ValueError(
-                f"request {request_id!r}: prompt ({len(tokens)}) + max_tokens ({params.max_tokens}) "
+                f"{where}prompt ({len(tokens)}) + max_tokens ({params.max_tokens}) "
                 f"= {total} exceeds max_model_len={cfg.max_model_len}"
             )
         if not self.scheduler.can_ever_fit(total):
             raise ValueError(
-                f"request {request_id!r}: needs {-(-total // cfg.page_size)} KV pages but the pool "
-                f"has only {cfg.num_pages}"
+                f"{where}needs {-(-total // cfg.page_size)} KV pages but the pool has only {cfg.num_pages}"
             )
-        if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):
-            raise ValueError(f"request {request_id!r}: priority must be an integer, got {priority!r}")
-        if not isinstance(tenant, str):
-            raise ValueError(f"request {request_id!r}: tenant must be a string, got {tenant!r}")
-        if deadline is not None and (
-            isinstance(deadline, bool) or not isinstance(deadline, numbers.Real) or not math.isfinite(deadline)
-        ):
-            raise ValueError(f"request {request_id!r}: deadline must be a finite time or None, got {deadline!r}")
         seed = params.seed if params.seed is not None else (cfg.seed * 1_000_003 + self._arrivals) % 2**32
         now = self.clock.now() if arrival_time is None else arrival_time
         req = Request(
-            request_id,
-            tokens,
-            params,
-            now,
-            seed,
-            self._arrivals,
-            priority=int(priority),
-            tenant=tenant,
-            deadline=None if deadline is None else float(deadline),
+            request_id, tokens, params, now, seed, self._arrivals, priority=priority, tenant=tenant, deadline=deadline
         )
         self._arrivals += 1
         self.requests[request_id] = req
         self.scheduler.add(req)
 
-    def _validate_prompt(self, request_id: str, prompt) -> list[int]:
+    def _prompt_token_ids(self, prompt) -> list[int]:
+        """A prompt's token ids: text (with a tokenizer) or a sequence of integer ids in the vocabulary."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValueError(
-                    f"request {request_id!r}: text prompts need a tokenizer; this model has none, pass token ids"
-                )
+                raise ValueError("text prompts need a tokenizer; this model has none, pass token ids")
             prompt = self.tokenizer.encode(prompt)
-        try:
-            tokens = [int(t) for t in prompt]
-        except (TypeError, ValueError):
-            raise ValueError(f"request {request_id!r}: prompt must be a sequence of token ids") from None
+        tokens = check.token_ids("prompt", prompt, self.model_config.vocab_size)
         if not tokens:
-            raise ValueError(f"request {request_id!r}: empty prompt")
-        V = self.model_config.vocab_size
-        bad = [t for t in tokens if not 0 <= t < V]
-        if bad:
-            raise ValueError(f"request {request_id!r}: token ids outside the vocabulary [0, {V}): {bad[:5]}")
+            raise ValueError("empty prompt")
         return tokens
 
     def abort_request(self, request_id: str) -> None:
-        req = self.requests.get(request_id)
+        """Finish a queued or running request now (finish_reason "abort"; its pages go back to the pool); its final
+        output comes with the next step(). ValueError for an id that is not an unfinished request."""
+        req = self.requests.get(request_id) if isinstance(request_id, str) else None
         if req is None or req.is_finished:
             raise ValueError(f"abort of unknown request id {request_id!r}")
         self.scheduler.abort(req)

@@ -1,7 +1,9 @@
 """`LLM`: the offline facade shaped like vLLM's (`LLM(model=...).generate(prompts, sampling_params)`)."""
 
+import contextlib
 from collections.abc import Sequence
 
+from cbjax.core import validation as check
 from cbjax.core.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from cbjax.core.sampling_params import SamplingParams
 from cbjax.engine import LLMEngine
@@ -35,49 +37,35 @@ class LLM:
         Prompts are token-id lists, or text when the model has a tokenizer; then each output's `.text` is its
         decoded completion and `.prompt` the prompt text.
 
-        A prompt the engine refuses (empty, out-of-vocabulary ids, too long, ...) does not stop the others: its
-        output is finished with finish_reason "abort" and `.error` holding the reason.
+        All or nothing per prompt: a prompt the engine refuses (not text or a sequence of integer ids, empty,
+        out-of-vocabulary ids, too long, bad SamplingParams, ...) does not stop the others: its output is finished
+        with finish_reason "abort" and `.error` holding the reason. A malformed call (prompts not a list, a flat list
+        of ids, a params list of another length) is a ValueError before anything is queued. Nothing of this call is
+        left in the engine when it returns or raises (Ctrl-C included).
         """
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params = [sampling_params or SamplingParams()] * len(prompts)
-        else:
-            params = list(sampling_params)
-            if len(params) != len(prompts):
-                raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+        prompts, params = _prompts_and_params(prompts, sampling_params)
+        check.boolean("use_tqdm", use_tqdm)
         engine = self.engine
         results: dict[str, RequestOutput] = {}
         order = []
-        for prompt, sp in zip(prompts, params):
-            rid = str(self._counter)
-            self._counter += 1
-            order.append(rid)
-            try:
-                engine.add_request(rid, prompt, sp)
-            except ValueError as e:
-                now = engine.clock.now()
-                results[rid] = RequestOutput(
-                    rid,
-                    list(prompt) if not isinstance(prompt, str) else [],
-                    [CompletionOutput(0, [], [], "abort")],
-                    True,
-                    RequestMetrics(arrival_time=now, finished_time=now),
-                    error=str(e),
-                )
-        bar = None
-        if use_tqdm:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(order), desc="generate", unit="req")
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                if out.finished:
-                    results[out.request_id] = out
-                    if bar is not None:
-                        bar.update(1)
-        if bar is not None:
-            bar.close()
+        try:
+            for prompt, sp in zip(prompts, params):
+                rid = str(self._counter)
+                self._counter += 1
+                order.append(rid)
+                try:
+                    engine.add_request(rid, prompt, sp)
+                except ValueError as e:
+                    results[rid] = _refused(rid, prompt, engine.clock.now(), str(e))
+            self._run(results, len(order), use_tqdm)
+        except BaseException:
+            # Ctrl-C or a failure inside a step: this call's unfinished requests must not stay queued, to be run
+            # (and thrown away) by the next call.
+            for rid in order:
+                if rid in engine.requests and not engine.requests[rid].is_finished:
+                    with contextlib.suppress(ValueError):
+                        engine.abort_request(rid)
+            raise
         tok = getattr(engine, "tokenizer", None)
         for prompt, rid in zip(prompts, order):
             out = results[rid]
@@ -87,3 +75,59 @@ class LLM:
                 for c in out.outputs:
                     c.text = tok.decode(c.token_ids)
         return [results[rid] for rid in order]
+
+    def _run(self, results: dict[str, RequestOutput], total: int, use_tqdm: bool) -> None:
+        """Step until the engine is idle, keeping every finished output."""
+        engine = self.engine
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, initial=len(results), desc="generate", unit="req")
+        try:
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    if out.finished:
+                        results[out.request_id] = out
+                        if bar is not None:
+                            bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
+
+
+def _prompts_and_params(prompts, sampling_params) -> tuple[list, list]:
+    """The call's prompts and one SamplingParams per prompt. ValueError (before anything is queued) when the call
+    itself is malformed; a malformed single prompt is left for add_request to refuse, as that prompt's output."""
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Sequence):
+        raise ValueError(f"prompts must be a string or a list of prompts, got {type(prompts).__name__}")
+    prompts = list(prompts)
+    if prompts and all(check.is_integer(p) for p in prompts):
+        raise ValueError("prompts is a flat list of token ids: pass a list of prompts, e.g. [[1, 2, 3]] for one")
+    if sampling_params is None or isinstance(sampling_params, SamplingParams):
+        return prompts, [sampling_params or SamplingParams()] * len(prompts)
+    if isinstance(sampling_params, (str, bytes)) or not isinstance(sampling_params, Sequence):
+        raise ValueError(
+            f"sampling_params must be SamplingParams or a list of them, got {type(sampling_params).__name__}"
+        )
+    if len(sampling_params) != len(prompts):
+        raise ValueError(f"got {len(sampling_params)} sampling params for {len(prompts)} prompts")
+    return prompts, list(sampling_params)
+
+
+def _refused(rid: str, prompt, now: float, error: str) -> RequestOutput:
+    """The output of a prompt the engine refused: finished, finish_reason "abort", the reason in `.error`."""
+    try:
+        ids = check.token_ids("prompt", prompt)
+    except ValueError:
+        ids = []
+    return RequestOutput(
+        rid,
+        ids,
+        [CompletionOutput(0, [], [], "abort")],
+        True,
+        RequestMetrics(arrival_time=now, finished_time=now),
+        error=error,
+    )

@@ -18,7 +18,9 @@ import dataclasses
 import datetime
 import math
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -59,7 +61,7 @@ def entry_plan(cfg, name: str):
     policy and overrides engine options: variants.cache_on = dict(policy="fcfs", enable_prefix_caching=True).
     `config.policy_options[entry]` holds the policy's constructor options."""
     from cbjax.bench.online import plan_policy
-    from cbjax.engine import EngineConfig
+    from cbjax.engine_config import EngineConfig
 
     variant = _plain((cfg.get("variants") or {}).get(name) or {})
     policy = variant.pop("policy", name)
@@ -88,7 +90,8 @@ def resolve_config(cfg):
     `policies` may hold comma-separated entries (`--config.policies=fcfs,static` arrives as one string).
     `engine.policy`, when set (`--config.engine.policy=sjf`), runs that one policy instead of the list."""
     from cbjax.core.policies import make_policy
-    from cbjax.model.config import get_model_config
+    from cbjax.engine_config import EngineConfig
+    from cbjax.model.registry import model_config_of
 
     cfg = cfg.copy_and_resolve_references()
     single = cfg.engine.get("policy")
@@ -117,11 +120,29 @@ def resolve_config(cfg):
         raise ValueError(f"config.clock must be 'real' or 'virtual', got {cfg.clock!r}")
     if cfg.step_cost_ms < 0 or (cfg.step_cost_ms > 0 and cfg.clock != "virtual"):
         raise ValueError(f"config.step_cost_ms={cfg.step_cost_ms} needs config.clock='virtual' (0 with a real clock)")
+    if not isinstance(cfg.get("overwrite", False), bool):
+        raise ValueError(f"config.overwrite must be True or False, got {cfg.overwrite!r}")
+    model_config = model_config_of(cfg.model)
+    for name in names:  # every entry's engine options, as its engine will get them
+        plan, overrides = entry_plan(cfg, name)
+        try:
+            EngineConfig.from_options({**cfg.engine.to_dict(), **plan.engine_options, **overrides})
+        except ValueError as e:
+            raise ValueError(f"config.engine (entry {name!r}): {e}") from None
     if cfg.workload.vocab_size is None:
-        cfg.workload.vocab_size = get_model_config(cfg.model).vocab_size
+        cfg.workload.vocab_size = model_config.vocab_size
     if cfg.workload.max_model_len is None and cfg.engine.max_model_len is not None:
         cfg.workload.max_model_len = cfg.engine.max_model_len
     return cfg
+
+
+def prepare_run(cfg):
+    """The resolved config and its workload: everything checked (a ValueError naming the problem) before the run
+    writes a file or builds an engine."""
+    from cbjax.bench.workload import make_workload
+
+    cfg = resolve_config(cfg)
+    return cfg, make_workload(cfg.workload)
 
 
 @dataclasses.dataclass
@@ -132,8 +153,36 @@ class Comparison:
     interrupted: bool = False
 
 
-def run_comparison(cfg, *, progress: bool = True, on_step: Callable | None = None) -> Comparison:
-    """Run every policy of the (resolved) config on the same workload. Ctrl-C ends it early with what was measured.
+class CtrlC:
+    """Ctrl-C as a request, not an exception: the first one sets `pressed` (and says what happens next); the code
+    acts on it at a safe point (between engine steps, after an engine is built). A KeyboardInterrupt raised inside
+    jax's compile or dispatch once left the process to crash at exit. A second Ctrl-C stops at once.
+
+    Off the main thread (where signals cannot be handled) it does nothing."""
+
+    def __init__(self, what_next: str):
+        self.what_next = what_next
+        self.pressed = False
+        self._previous = None
+
+    def _handler(self, signum, frame):
+        self.pressed = True
+        print(f"\nCtrl-C: {self.what_next} (Ctrl-C again to stop at once)", file=sys.stderr)
+        signal.signal(signal.SIGINT, self._previous)
+
+    def __enter__(self) -> CtrlC:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def run_comparison(cfg, *, workload=None, progress: bool = True, on_step: Callable | None = None) -> Comparison:
+    """Run every policy of the (resolved) config on the same workload (None: the config's). Ctrl-C ends it early
+    with what was measured.
 
     `on_step(policy, Progress)` is called after every engine step (tests use it to inject an interrupt)."""
     from tqdm import tqdm
@@ -143,52 +192,59 @@ def run_comparison(cfg, *, progress: bool = True, on_step: Callable | None = Non
     from cbjax.core.clock import RealClock, VirtualClock
     from cbjax.engine import LLMEngine
 
-    workload = make_workload(cfg.workload)
+    if workload is None:
+        workload = make_workload(cfg.workload)
     comp = Comparison({}, {}, len(workload))
     step_cost_s = cfg.step_cost_ms / 1e3 if cfg.step_cost_ms > 0 else None  # None: measured
-    try:
-        for name in cfg.policies:
-            plan, overrides = entry_plan(cfg, name)
-            options = {**cfg.engine.to_dict(), **plan.engine_options, **overrides}
-            clock = VirtualClock() if cfg.clock == "virtual" else RealClock()
-            logging.info(
-                "%s: engine policy=%s static_batch_timeout_s=%s, client=%s",
-                name,
-                options["policy"],
-                options["static_batch_timeout_s"],
-                plan.client,
-            )
-            engine = LLMEngine(cfg.model, clock=clock, **options)
-            comp.engines[name] = {
-                "config": dataclasses.asdict(engine.config),
-                "buckets": dataclasses.asdict(engine.buckets),
-                "client": None if plan.client is None else dataclasses.asdict(plan.client),
-                "warmup_s": engine.warmup_s,
-                "compiles_at_warmup": engine.num_compiles,
-            }
-            bar = tqdm(total=len(workload), desc=f"{name:>11}", unit="req", disable=not progress, file=sys.stderr)
+    with CtrlC("stopping at the next step, then writing what was measured") as ctrl_c:
+        try:
+            for name in cfg.policies:
+                plan, overrides = entry_plan(cfg, name)
+                options = {**cfg.engine.to_dict(), **plan.engine_options, **overrides}
+                clock = VirtualClock() if cfg.clock == "virtual" else RealClock()
+                logging.info(
+                    "%s: engine policy=%s static_batch_timeout_s=%s, client=%s",
+                    name,
+                    options["policy"],
+                    options["static_batch_timeout_s"],
+                    plan.client,
+                )
+                engine = LLMEngine(cfg.model, clock=clock, **options)
+                if ctrl_c.pressed:  # while it was being built
+                    comp.interrupted = True
+                    break
+                comp.engines[name] = {
+                    "config": dataclasses.asdict(engine.config),
+                    "buckets": dataclasses.asdict(engine.buckets),
+                    "client": None if plan.client is None else dataclasses.asdict(plan.client),
+                    "warmup_s": engine.warmup_s,
+                    "compiles_at_warmup": engine.num_compiles,
+                }
+                bar = tqdm(total=len(workload), desc=f"{name:>11}", unit="req", disable=not progress, file=sys.stderr)
 
-            def step_done(p, name=name, bar=bar):
-                bar.update(p.num_finished - bar.n)
-                if on_step is not None:
-                    on_step(name, p)
+                def step_done(p, name=name, bar=bar):
+                    bar.update(p.num_finished - bar.n)
+                    if on_step is not None:
+                        on_step(name, p)
+                    if ctrl_c.pressed:
+                        raise KeyboardInterrupt  # run_online ends the run here, keeping what it measured
 
-            result = run_online(
-                engine,
-                workload,
-                client=plan.client,
-                step_cost_s=step_cost_s,
-                on_step=step_done,
-                horizon_s=cfg.get("horizon_s"),
-            )
-            bar.close()
-            comp.results[name] = result
-            del engine  # free its KV cache before the next policy's engine is built
-            if result.interrupted:
-                comp.interrupted = True
-                break
-    except KeyboardInterrupt:  # while an engine was being built: keep the policies already measured
-        comp.interrupted = True
+                result = run_online(
+                    engine,
+                    workload,
+                    client=plan.client,
+                    step_cost_s=step_cost_s,
+                    on_step=step_done,
+                    horizon_s=cfg.get("horizon_s"),
+                )
+                bar.close()
+                comp.results[name] = result
+                del engine  # free its KV cache before the next policy's engine is built
+                if result.interrupted:
+                    comp.interrupted = True
+                    break
+        except KeyboardInterrupt:  # a second Ctrl-C: keep the policies already measured
+            comp.interrupted = True
     return comp
 
 
@@ -281,26 +337,57 @@ def write_results(comp: Comparison, summaries, folder: str, start_time: datetime
     return plots.plot_all(folder, summaries, comp.results) if comp.results else []
 
 
+def _unloadable(e: OSError) -> ValueError:
+    # ml_collections lists every path it tried; the last line says why the file could not be loaded.
+    reason = [line.strip() for line in str(e).splitlines() if line.strip()][-1]
+    return ValueError(f"cannot load the --config file: {reason}")
+
+
+def load_config():
+    """The --config file's config; a file that cannot be loaded is a ValueError of one line, not a traceback."""
+    try:
+        config = _CONFIG.value
+        config.get("model")  # a file that failed to load gives a stand-in that raises on first use
+        return config
+    except OSError as e:
+        raise _unloadable(e) from None
+
+
+def parse_flags(argv):
+    """absl's flag parsing, with a config file that cannot be loaded (seen while parsing --config.<field>
+    overrides) reported in one line."""
+    try:
+        return app.parse_flags_with_usage(argv)
+    except OSError as e:
+        sys.exit(f"compare_policies: {_unloadable(e)}")
+
+
 def main(argv):
     del argv
     from cbjax.bench import results
 
     start_time = datetime.datetime.now().astimezone()
-    cfg = resolve_config(_CONFIG.value)
-    folder = results.run_dir(cfg.output_dir, cfg.run_name)
+    try:
+        cfg, workload = prepare_run(load_config())
+    except ValueError as e:
+        sys.exit(f"compare_policies: {e}")  # one line on stderr, exit status 1, nothing written
+    folder = results.run_dir(cfg.output_dir, cfg.run_name, overwrite=cfg.get("overwrite", False))
+    if os.path.basename(folder) != cfg.run_name:
+        print(f"{os.path.join(cfg.output_dir, cfg.run_name)} holds an earlier run: writing to {folder} instead")
     results.write_config(os.path.join(folder, "config.json"), cfg)
-    comp = run_comparison(cfg)
-    summaries = summaries_of(cfg, comp)
-    print()
-    print(format_table(summaries))
-    for line in (ratio_line(summaries), outputs_line(summaries)):
-        if line is not None:
-            print(line)
-    write_results(comp, summaries, folder, start_time)
+    comp = run_comparison(cfg, workload=workload)
+    with CtrlC("writing what was measured first"):
+        summaries = summaries_of(cfg, comp)
+        print()
+        print(format_table(summaries))
+        for line in (ratio_line(summaries), outputs_line(summaries)):
+            if line is not None:
+                print(line)
+        write_results(comp, summaries, folder, start_time)
     if comp.interrupted:
         print(f"interrupted: {len(comp.results)} of {len(cfg.policies)} policies measured (the last one partly)")
     print(f"results: {folder}")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

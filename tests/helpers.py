@@ -60,3 +60,13 @@ def parse_config(argv, config_file: str = "configs/compare_cpu.py"):
     holder = config_flags.DEFINE_config_file("config", os.path.join(ROOT, config_file), flag_values=fv, sys_argv=argv)
     fv(argv)
     return holder.value
+
+
+def drain(engine) -> dict:
+    """Step until the engine is idle; the finished outputs by request id."""
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+    return done

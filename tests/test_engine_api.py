@@ -5,6 +5,7 @@ import pytest
 
 from cbjax import LLM, LLMEngine, SamplingParams
 from cbjax.model import get_model_config, init_model
+from tests.helpers import drain
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -13,15 +14,6 @@ GREEDY = dict(temperature=0.0, ignore_eos=True)
 def engine():
     model = init_model(get_model_config("test-tiny"), seed=0)
     return LLMEngine(model, max_num_seqs=4, max_num_batched_tokens=32, page_size=8, num_pages=48, max_model_len=96)
-
-
-def drain(engine):
-    done = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
-    return done
 
 
 BAD_INPUTS = [
@@ -48,6 +40,19 @@ BAD_INPUTS = [
     ("priority not an integer", lambda e: e.add_request("x", [5], SamplingParams(), priority="high"), "priority"),
     ("tenant not a string", lambda e: e.add_request("x", [5], SamplingParams(), tenant=3), "tenant"),
     ("deadline not finite", lambda e: e.add_request("x", [5], SamplingParams(), deadline=float("nan")), "deadline"),
+    # Silently converted to token ids before the validation layer (issue 17):
+    ("prompt of floats", lambda e: e.add_request("x", [1.0, 2.5]), "prompt must hold integer token ids; it holds 1.0"),
+    ("prompt of bytes", lambda e: e.add_request("x", b"abc"), "prompt must be a sequence of integer token ids"),
+    ("prompt of bools", lambda e: e.add_request("x", [True, 5]), "it holds True"),
+    ("prompt None", lambda e: e.add_request("x", None), "prompt must be a sequence"),
+    ("numpy float prompt", lambda e: e.add_request("x", np.array([3.0, 4.0])), "integer token ids"),
+    ("stop id outside vocab", lambda e: e.add_request("x", [5], SamplingParams(stop_token_ids=[512])), "stop_token"),
+    ("request id not a string", lambda e: e.add_request(7, [5]), "request_id must be a string"),
+    ("request id unhashable", lambda e: e.add_request(["x"], [5]), "request_id must be a string"),
+    ("params not SamplingParams", lambda e: e.add_request("x", [5], {"max_tokens": 3}), "SamplingParams"),
+    ("arrival time NaN", lambda e: e.add_request("x", [5], arrival_time=float("nan")), "arrival_time"),
+    ("priority a bool", lambda e: e.add_request("x", [5], priority=True), "priority must be an integer"),
+    ("abort an unhashable id", lambda e: e.abort_request({"x": 1}), "unknown request id"),
 ]
 
 
@@ -78,6 +83,55 @@ def test_llm_generate_reports_bad_prompt_and_serves_the_rest(engine):
     assert [o.outputs[0].finish_reason for o in outs] == ["length", "abort", "length"]
     assert "empty prompt" in outs[1].error and outs[0].error is None
     assert len(outs[2].outputs[0].token_ids) == 3
+
+
+def test_llm_generate_serves_the_rest_when_a_prompt_is_not_a_sequence(engine):
+    llm = LLM.from_engine(engine)
+    sp = SamplingParams(max_tokens=2, **GREEDY)
+    outs = llm.generate([[5, 6], None, [1.5], b"ab", np.array([3, 4])], sp)
+    assert [o.outputs[0].finish_reason for o in outs] == ["length", "abort", "abort", "abort", "length"]
+    assert "got None" in outs[1].error and "holds 1.5" in outs[2].error and "bytes" in outs[3].error
+    assert outs[4].prompt_token_ids == [3, 4]
+    assert not engine.has_unfinished_requests() and not engine.requests  # nothing left for the next call
+    assert engine.scheduler.pool.num_free == engine.scheduler.pool.num_pages
+    assert outs[0].outputs[0].token_ids == llm.generate([[5, 6]], sp)[0].outputs[0].token_ids
+
+
+@pytest.mark.parametrize(
+    "prompts, params, message",
+    [
+        (None, None, "prompts must be a string or a list of prompts, got NoneType"),
+        ([5, 6, 7], None, "flat list of token ids"),
+        ([[5]], [SamplingParams(), SamplingParams()], "2 sampling params for 1 prompts"),
+        ([[5]], "greedy", "sampling_params must be SamplingParams or a list"),
+        ([[5]], SamplingParams(), None),  # use_tqdm="yes" below
+    ],
+)
+def test_llm_generate_refuses_a_malformed_call_before_queueing_anything(engine, prompts, params, message):
+    llm = LLM.from_engine(engine)
+    with pytest.raises(ValueError, match=message or "use_tqdm must be True or False"):
+        llm.generate(prompts, params, **({} if message else {"use_tqdm": "yes"}))
+    assert not engine.requests and not engine.has_unfinished_requests()
+
+
+def test_llm_generate_interrupted_leaves_nothing_queued(engine, monkeypatch):
+    llm = LLM.from_engine(engine)
+    real_step, calls = engine.step, []
+
+    def step_then_ctrl_c():
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_step()
+
+    monkeypatch.setattr(engine, "step", step_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate([[5] * 4, [6] * 5], SamplingParams(max_tokens=20, **GREEDY))
+    monkeypatch.undo()
+    drain(engine)  # the aborted requests report once; nothing of theirs runs
+    assert not engine.requests and engine.scheduler.pool.num_free == engine.scheduler.pool.num_pages
+    out = llm.generate([[7, 8]], SamplingParams(max_tokens=3, **GREEDY))
+    assert [o.request_id for o in out] == [str(llm._counter - 1)] and len(out[0].outputs[0].token_ids) == 3
 
 
 def test_abort_running_request_frees_pages_and_reports_abort(engine):
@@ -169,10 +223,10 @@ def test_unknown_engine_option_is_an_error():
 @pytest.mark.parametrize(
     "options, message",
     [
-        (dict(policy="fifo"), "unknown policy 'fifo'; known: .*sarathi"),
+        (dict(policy="fifo"), r"policy must be one of \[.*sarathi.*got 'fifo'"),
         (dict(policy="priority", policy_options={"aging": 1.0}), "takes no option.*aging_s"),
-        (dict(policy="sarathi", policy_options={"chunk_size": 0}), "chunk_size must be >= 1"),
-        (dict(preemption_mode="swapp"), "preemption_mode must be 'recompute' or 'swap'"),
+        (dict(policy="sarathi", policy_options={"chunk_size": 0}), "chunk_size must be an integer >= 1, got 0"),
+        (dict(preemption_mode="swapp"), r"preemption_mode must be one of \['recompute', 'swap'\]"),
         (dict(warmup="eager"), "warmup must be one of"),
     ],
 )
@@ -185,6 +239,45 @@ def test_bad_scheduling_options_fail_before_any_compile(options, message, monkey
     monkeypatch.setattr(cbjax.engine, "ModelRunner", no_runner)
     with pytest.raises(ValueError, match=message):
         LLMEngine("test-tiny", **options)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        # The examples of issue 17, each silently accepted (or a raw crash) before the validation layer.
+        (dict(kv_cache_memory_gib=-1), "kv_cache_memory_gib must be a finite number > 0.0, got -1"),
+        (dict(max_model_len=0), "max_model_len must be an integer >= 1, got 0"),
+        (dict(max_num_seqs=2.5), "max_num_seqs must be an integer >= 1, got 2.5 \\(float\\)"),
+        (dict(page_size=0), "page_size must be an integer >= 1, got 0"),
+        (dict(max_num_seqs=True), "max_num_seqs must be an integer >= 1, got True \\(bool\\)"),
+        (dict(watermark_fraction=1.5), "watermark_fraction must be a finite number >= 0.0 and < 1.0"),
+        (dict(swap_space_gib=float("nan")), "swap_space_gib"),
+        (dict(seed=-1), "seed must be an integer >= 0"),
+        (dict(dtype="float7"), "dtype must be one of"),
+        (dict(enable_prefix_caching="yes"), "enable_prefix_caching must be True or False"),
+        (dict(policy_options=["aging_s"]), "policy_options must be a dict"),
+        (dict(policy="priority", policy_options={"aging_s": "slow"}), "priority aging_s .*got 'slow'"),
+        (dict(policy="fair_share", policy_options={"tenant_weights": {"a": 0}}), "tenant_weights\\['a'\\]"),
+        (dict(compilation_cache=""), "compilation_cache"),
+        (dict(max_num_seqs=4, bogus=1), "unknown engine options: \\['bogus'\\]"),
+    ],
+)
+def test_bad_engine_options_fail_before_the_model_is_loaded(options, message, monkeypatch):
+    import cbjax.engine
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the bad option was refused")
+
+    monkeypatch.setattr(cbjax.engine.LLMEngine, "_load_model", no_model)
+    with pytest.raises(ValueError, match=message):
+        LLMEngine("test-tiny", **options)
+
+
+def test_options_the_model_decides_are_checked_against_it():
+    with pytest.raises(ValueError, match="max_model_len=2048 exceeds the model's max_position_embeddings \\(1024\\)"):
+        LLMEngine("test-tiny", max_model_len=2048, warmup="none")
+    with pytest.raises(ValueError, match="kv_cache_memory_gib=1e-09 holds no KV page"):
+        LLMEngine("test-tiny", kv_cache_memory_gib=1e-9, warmup="none")
 
 
 def test_no_compiles_after_warmup_in_this_module(engine):

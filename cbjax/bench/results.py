@@ -29,11 +29,16 @@ from typing import Any
 __all__ = ["manifest", "run_dir", "write_config", "write_json", "write_jsonl", "write_records", "write_summary"]
 
 
-def run_dir(output_dir: str, run_name: str) -> str:
-    """Create (if needed) and return <output_dir>/<run_name>; files of an earlier run with that name are replaced."""
-    if not run_name or os.sep in run_name or run_name in (".", ".."):
+def run_dir(output_dir: str, run_name: str, *, overwrite: bool = False) -> str:
+    """Create and return the folder of a new run: <output_dir>/<run_name>, or, when that holds an earlier run's
+    files and `overwrite` is False, the first free <run_name>_2, <run_name>_3, ... (never another run's folder)."""
+    if not isinstance(run_name, str) or not run_name or os.sep in run_name or run_name in (".", ".."):
         raise ValueError(f"run_name must be a plain folder name, got {run_name!r}")
     path = os.path.join(output_dir, run_name)
+    n = 1
+    while not overwrite and os.path.isdir(path) and os.listdir(path):
+        n += 1
+        path = os.path.join(output_dir, f"{run_name}_{n}")
     os.makedirs(path, exist_ok=True)
     return path
 

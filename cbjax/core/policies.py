@@ -2,8 +2,9 @@
 
 import heapq
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+from cbjax.core import validation as check
 from cbjax.core.policy import Policy, by_admission, by_arrival, fcfs_order
 from cbjax.core.request import Request, RequestStatus
 
@@ -31,8 +32,8 @@ class StaticPolicy(FCFSPolicy):
 
     def __init__(self, max_num_seqs: int = 1, batch_timeout_s: float = 0.0, victim: str = "rank"):
         super().__init__(victim)
-        self.max_num_seqs = max_num_seqs
-        self.batch_timeout_s = batch_timeout_s
+        self.max_num_seqs = check.integer("static max_num_seqs", max_num_seqs, 1)
+        self.batch_timeout_s = check.real("static batch_timeout_s", batch_timeout_s, 0.0)
 
     def may_admit(self, running: Sequence[Request], waiting: Sequence[Request], now: float) -> bool:
         if running or not waiting:
@@ -68,9 +69,7 @@ class SarathiPolicy(Policy):
 
     def __init__(self, chunk_size: int | None = None, victim: str = "rank", reserve_to_completion: bool | None = None):
         super().__init__(victim, reserve_to_completion)
-        if chunk_size is not None and chunk_size < 1:
-            raise ValueError(f"sarathi chunk_size must be >= 1, got {chunk_size}")
-        self.chunk_size = chunk_size
+        self.chunk_size = check.optional_integer("sarathi chunk_size", chunk_size, 1)
 
     def rank(self, running, waiting, now):
         running = by_admission(running)
@@ -90,9 +89,7 @@ class PriorityPolicy(Policy):
 
     def __init__(self, aging_s: float | None = 10.0, victim: str = "rank", reserve_to_completion: bool | None = None):
         super().__init__(victim, reserve_to_completion)
-        if aging_s is not None and aging_s <= 0:
-            raise ValueError(f"priority aging_s must be > 0 or None (no aging), got {aging_s}")
-        self.aging_s = aging_s
+        self.aging_s = check.optional_real("priority aging_s (None: no aging)", aging_s, 0.0, low_open=True)
 
     def effective_priority(self, req: Request, now: float) -> float:
         if self.aging_s is None:
@@ -115,9 +112,7 @@ class ThreeLevelPolicy(Policy):
 
     def __init__(self, demote_after: int = 64, victim: str = "rank", reserve_to_completion: bool | None = None):
         super().__init__(victim, reserve_to_completion)
-        if demote_after < 0:
-            raise ValueError(f"three_level demote_after must be >= 0, got {demote_after}")
-        self.demote_after = demote_after
+        self.demote_after = check.integer("three_level demote_after", demote_after, 0)
 
     def demoted(self, req: Request) -> bool:
         return len(req.output_token_ids) > self.demote_after
@@ -181,11 +176,9 @@ class MLFQPolicy(Policy):
         reserve_to_completion: bool | None = None,
     ):
         super().__init__(victim, reserve_to_completion)
-        if num_levels < 1 or quantum < 1:
-            raise ValueError(f"mlfq needs num_levels >= 1 and quantum >= 1, got {num_levels}, {quantum}")
-        if starvation_s is not None and starvation_s <= 0:
-            raise ValueError(f"mlfq starvation_s must be > 0 or None, got {starvation_s}")
-        self.num_levels, self.quantum, self.starvation_s = num_levels, quantum, starvation_s
+        self.num_levels = check.integer("mlfq num_levels", num_levels, 1, 32)
+        self.quantum = check.integer("mlfq quantum", quantum, 1)
+        self.starvation_s = check.optional_real("mlfq starvation_s (None: off)", starvation_s, 0.0, low_open=True)
 
     def quantum_of(self, level: int) -> int:
         return self.quantum << level
@@ -229,10 +222,12 @@ class FairSharePolicy(Policy):
         reserve_to_completion: bool | None = None,
     ):
         super().__init__(victim, reserve_to_completion)
-        self.input_weight, self.output_weight = input_weight, output_weight
-        self.tenant_weights = dict(tenant_weights or {})
-        if any(w <= 0 for w in self.tenant_weights.values()):
-            raise ValueError(f"fair_share tenant_weights must be > 0, got {self.tenant_weights}")
+        self.input_weight = check.real("fair_share input_weight", input_weight, 0.0)
+        self.output_weight = check.real("fair_share output_weight", output_weight, 0.0)
+        self.tenant_weights = {
+            tenant: check.real(f"fair_share tenant_weights[{tenant!r}]", w, 0.0, low_open=True)
+            for tenant, w in check.mapping("fair_share tenant_weights", tenant_weights).items()
+        }
         self.counters: dict[str, float] = {}
 
     def _weight(self, tenant: str) -> float:
@@ -289,8 +284,13 @@ class EDFPolicy(Policy):
         reserve_to_completion: bool | None = None,
     ):
         super().__init__(victim, reserve_to_completion)
-        self.default_slack_s = default_slack_s
-        self.class_slack_s = {int(k): float(v) for k, v in (class_slack_s or {}).items()}
+        self.default_slack_s = check.real("edf default_slack_s", default_slack_s)
+        if class_slack_s is not None and not isinstance(class_slack_s, Mapping):
+            raise ValueError(f"edf class_slack_s must be a dict priority -> seconds, got {class_slack_s!r}")
+        # Keys may arrive as strings (config files, JSON): "1" is priority 1.
+        self.class_slack_s = {
+            _priority_key(k): check.real(f"edf class_slack_s[{k!r}]", v) for k, v in (class_slack_s or {}).items()
+        }
 
     def deadline(self, req: Request) -> float:
         if req.deadline is not None:
@@ -299,6 +299,12 @@ class EDFPolicy(Policy):
 
     def rank(self, running, waiting, now):
         return sorted([*running, *waiting], key=lambda r: (self.deadline(r), r.arrival_order))
+
+
+def _priority_key(key) -> int:
+    if isinstance(key, str) and key.lstrip("-").isdigit():
+        return int(key)
+    return check.integer("edf class_slack_s key (a priority)", key)
 
 
 class LPMPolicy(Policy):
@@ -313,7 +319,7 @@ class LPMPolicy(Policy):
         self, aging_tokens_per_s: float = 256.0, victim: str = "rank", reserve_to_completion: bool | None = None
     ):
         super().__init__(victim, reserve_to_completion)
-        self.aging_tokens_per_s = aging_tokens_per_s
+        self.aging_tokens_per_s = check.real("lpm aging_tokens_per_s", aging_tokens_per_s, 0.0)
 
     def rank(self, running, waiting, now):
         view = self.view

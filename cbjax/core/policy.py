@@ -29,6 +29,7 @@ in policies.py; register a policy in `POLICIES` there to make it reachable by na
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
+from cbjax.core import validation as check
 from cbjax.core.request import Request, RequestStatus
 
 
@@ -93,12 +94,10 @@ class Policy:
     preempts_for_admission = False
 
     def __init__(self, victim: str = "rank", reserve_to_completion: bool | None = None):
-        if victim not in VICTIMS:
-            raise ValueError(f"unknown victim choice {victim!r}; known: {sorted(VICTIMS)}")
-        self.victim = victim
+        self.victim = check.choice("victim", victim, VICTIMS)
         self._choose = VICTIMS[victim]
         if reserve_to_completion is not None:
-            self.reserve_to_completion = reserve_to_completion
+            self.reserve_to_completion = check.boolean("reserve_to_completion", reserve_to_completion)
         self.view: SchedulerView | None = None  # attached by the Scheduler
 
     def attach(self, view: SchedulerView) -> None:

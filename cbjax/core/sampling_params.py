@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass, field
 
+from cbjax.core import validation as check
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -20,21 +22,24 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
-        # Lists are accepted for convenience; stored as a tuple so the params stay hashable.
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         self.validate()
 
     def validate(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
-            raise ValueError(f"top_k must be -1 (off), 0 (off) or a positive integer, got {self.top_k!r}")
-        if self.seed is not None and not 0 <= self.seed < 2**32:
-            raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
+        """Check every field's type and range (ValueError naming the field); store them as plain Python values.
+
+        numpy integers and floats are accepted; bools are not numbers here, floats are not integers, NaN and
+        infinities are refused. Lists of stop ids are stored as a tuple so the params stay hashable."""
+        normal = dict(
+            max_tokens=check.integer("max_tokens", self.max_tokens, 1),
+            temperature=check.real("temperature", self.temperature, 0.0),
+            top_p=check.real("top_p", self.top_p, 0.0, 1.0, low_open=True),
+            top_k=check.integer("top_k (-1 or 0: off)", self.top_k, -1),
+            seed=check.optional_integer("seed", self.seed, 0, 2**32 - 1),
+            stop_token_ids=tuple(check.token_ids("stop_token_ids", self.stop_token_ids)),
+            ignore_eos=check.boolean("ignore_eos", self.ignore_eos),
+        )
+        for name, value in normal.items():
+            object.__setattr__(self, name, value)
 
     @property
     def greedy(self) -> bool:

@@ -3,7 +3,8 @@ named random-init config (cbjax.model.config.NAMED_CONFIGS). Nothing is ever dow
 
 import os
 
-from cbjax.model.hf_loader import is_hf_checkpoint
+from cbjax.model.config import ModelConfig, get_model_config
+from cbjax.model.hf_loader import is_hf_checkpoint, read_hf_config
 
 ASSETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
 # Trained by experiments/train_tiny.py on the Python standard library's sources; see docs/models.md.
@@ -47,3 +48,14 @@ def resolve_checkpoint(model) -> tuple[str, str | None] | None:
     if os.sep in os.fspath(model):  # meant as a path, not a config name
         raise ValueError(f"{model}: no such checkpoint directory")
     return None
+
+
+def model_config_of(model) -> ModelConfig:
+    """The ModelConfig `model=` names (a checkpoint's config.json, or a named config), without loading weights:
+    to check a run's options before anything is built."""
+    checkpoint = resolve_checkpoint(model)
+    if checkpoint is not None:
+        return read_hf_config(checkpoint[0], checkpoint[1])
+    if not isinstance(model, str):
+        raise ValueError(f"model must be a name or a checkpoint directory, got {model!r}")
+    return get_model_config(model)

@@ -37,7 +37,10 @@ def configure_compilation_cache(setting: str = "auto") -> str | None:
     if current and os.path.abspath(current) != path:
         return current  # the user configured jax's cache themselves
     if current != path:
-        os.makedirs(path, exist_ok=True)
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"compilation_cache={setting!r}: cannot use {path} as a cache folder ({e})") from None
         jax.config.update("jax_compilation_cache_dir", path)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)

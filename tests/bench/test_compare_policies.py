@@ -4,6 +4,7 @@ import datetime
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -166,3 +167,94 @@ def test_variants_and_every_policy_generate_the_same_tokens(tmp_path):
                 [f"--config={TINY}", "--config.policies=v", "--config.variants={'v': {'policy': 'fcfs', 'swap': True}}"]
             )
         )
+
+
+# ------------------------------------------------------------------------------------ checked before anything runs
+def run_main(*args, timeout=120):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    cmd = [sys.executable, "-m", "experiments.compare_policies", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_missing_config_file_is_one_clear_line(tmp_path):
+    proc = run_main(f"--config={tmp_path / 'nope.py'}", f"--config.output_dir={tmp_path}")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("compare_policies: cannot load the --config file: ") and "No such file" in last
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("--config.workload.kind=bogus", "kind must be one of"),
+        ("--config.engine.kv_cache_memory_gib=-1.0", "kv_cache_memory_gib must be a finite number > 0.0"),
+        ("--config.model=no-such-model", "unknown model 'no-such-model'"),
+        ("--config.variants={'v': {'policy': 'fcfs', 'page_size': 0}}", "entry 'v'.*page_size"),
+    ],
+)
+def test_a_bad_option_is_refused_before_anything_is_written(tmp_path, override, message):
+    earlier = tmp_path / "compare_tiny"
+    earlier.mkdir()
+    (earlier / "config.json").write_text("an earlier run's config\n")
+    extra = ["--config.policies=fcfs,v"] if "variants" in override else []
+    proc = run_main(f"--config={TINY}", f"--config.output_dir={tmp_path}", override, *extra)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert re.search(message, proc.stderr.strip().splitlines()[-1]), proc.stderr[-2000:]
+    assert sorted(os.listdir(tmp_path)) == ["compare_tiny"]
+    assert (earlier / "config.json").read_text() == "an earlier run's config\n"
+
+
+def test_a_run_never_replaces_another_runs_folder(tmp_path):
+    from cbjax.bench.results import run_dir
+
+    first = run_dir(str(tmp_path), "run")
+    assert first == str(tmp_path / "run")
+    assert run_dir(str(tmp_path), "run") == first  # still empty: nothing to protect
+    (tmp_path / "run" / "config.json").write_text("{}")
+    second = run_dir(str(tmp_path), "run")
+    assert second == str(tmp_path / "run_2") and os.path.isdir(second)
+    (tmp_path / "run_2" / "config.json").write_text("{}")
+    assert run_dir(str(tmp_path), "run") == str(tmp_path / "run_3")
+    assert run_dir(str(tmp_path), "run", overwrite=True) == first
+    with pytest.raises(ValueError, match="run_name"):
+        run_dir(str(tmp_path), "../up")
+
+
+def test_ctrl_c_while_an_engine_is_built_keeps_what_was_measured(tmp_path, monkeypatch):
+    """A real SIGINT, as Ctrl-C sends it, in the middle of building the second engine: no exception escapes, the
+    first policy's results are kept, the second is not run."""
+    import signal
+
+    import cbjax.engine
+
+    cfg = cp.resolve_config(parse([f"--config={TINY}", "--config.policies=fcfs,static"]))
+    real_engine = cbjax.engine.LLMEngine
+    started, built = [], []
+
+    def engine_interrupted_while_building(*args, **kwargs):
+        started.append(1)
+        if len(started) == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # handled between bytecodes, inside the constructor
+        built.append(real_engine(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(cbjax.engine, "LLMEngine", engine_interrupted_while_building)
+    comp = cp.run_comparison(cfg, progress=False)
+    assert len(built) == 2  # the interrupted constructor ran to its end: no KeyboardInterrupt inside jax
+    assert comp.interrupted and list(comp.results) == ["fcfs"] and not comp.results["fcfs"].interrupted
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
+def test_ctrl_c_during_a_run_stops_at_the_next_step(tmp_path):
+    import signal
+
+    cfg = cp.resolve_config(parse([f"--config={TINY}", "--config.policies=fcfs,static"]))
+
+    def ctrl_c_at_step_3(policy, progress):
+        if progress.num_steps == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    comp = cp.run_comparison(cfg, progress=False, on_step=ctrl_c_at_step_3)
+    assert comp.interrupted and list(comp.results) == ["fcfs"]
+    assert comp.results["fcfs"].interrupted and len(comp.results["fcfs"].steps) == 3

@@ -1,0 +1,233 @@
+"""Fuzzing the public API with random values of random types (hypothesis).
+
+Every call either succeeds with correct results or raises ValueError; no other exception escapes. After each case
+the page pool is whole again, nothing is left in the engine, and a good greedy request, served alongside whatever
+the case left running, still gets exactly the full-forward tokens.
+
+CI runs a few hundred cases; a long hunt runs many more with the same tests:
+  CBJAX_FUZZ_EXAMPLES=20000 JAX_PLATFORMS=cpu python -m pytest -q tests/test_fuzz_api.py
+"""
+
+import dataclasses
+import math
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cbjax import LLM, LLMEngine, SamplingParams
+from cbjax.core.validation import is_integer
+from cbjax.engine_config import EngineConfig
+from cbjax.model import get_model_config, init_model
+from tests.helpers import drain, greedy_reference
+
+EXAMPLES = int(os.environ.get("CBJAX_FUZZ_EXAMPLES", "0")) or None
+FUZZ = settings(
+    max_examples=EXAMPLES or 150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    derandomize=EXAMPLES is None,  # CI: the same cases every run; a long hunt explores
+)
+VOCAB = 512  # test-tiny
+ENGINE = dict(max_num_seqs=4, max_num_batched_tokens=32, page_size=8, num_pages=24, max_model_len=64)
+GOOD_PROMPT, GOOD_TOKENS = [7, 8, 9, 10], 6
+
+# Anything a user might pass by mistake: every Python type the API meets, numpy scalars and arrays, odd floats.
+junk = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=6),
+    st.binary(max_size=4),
+    st.lists(st.integers(-3, VOCAB + 3), max_size=5),
+    st.lists(st.floats(allow_nan=True), max_size=3),
+    st.tuples(st.integers(0, 9), st.text(max_size=2)),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    st.builds(np.int64, st.integers(-20, 600)),
+    st.builds(np.float32, st.floats(-3, 3, width=32)),
+    st.builds(np.bool_, st.booleans()),
+    st.builds(lambda xs: np.array(xs), st.lists(st.integers(0, 600), max_size=4)),
+    st.builds(lambda xs: np.array(xs), st.lists(st.floats(0, 9), max_size=3)),
+    st.just(object()),
+)
+
+
+def maybe(valid):
+    """Mostly plausible values, sometimes junk."""
+    return st.one_of(valid, valid, junk)
+
+
+sampling_kwargs = st.fixed_dictionaries(
+    {},
+    optional={
+        "max_tokens": maybe(st.integers(-2, 12)),
+        "temperature": maybe(st.sampled_from([0.0, 0.0, 0.5, 1.0, 2.0, 1e-30, 1e30])),
+        "top_p": maybe(st.floats(0.0, 1.2)),
+        "top_k": maybe(st.integers(-2, 600)),
+        "seed": maybe(st.integers(-1, 2**32)),
+        "stop_token_ids": maybe(st.lists(st.integers(-1, VOCAB + 1), max_size=3)),
+        "ignore_eos": maybe(st.booleans()),
+    },
+)
+
+
+def check_sampling_params(sp: SamplingParams) -> None:
+    """What a SamplingParams that was built must hold."""
+    assert is_integer(sp.max_tokens) and type(sp.max_tokens) is int and sp.max_tokens >= 1
+    assert type(sp.temperature) is float and math.isfinite(sp.temperature) and sp.temperature >= 0
+    assert type(sp.top_p) is float and 0 < sp.top_p <= 1
+    assert type(sp.top_k) is int and sp.top_k >= -1
+    assert sp.seed is None or (type(sp.seed) is int and 0 <= sp.seed < 2**32)
+    assert isinstance(sp.stop_token_ids, tuple) and all(type(t) is int and t >= 0 for t in sp.stop_token_ids)
+    assert type(sp.ignore_eos) is bool
+    hash(sp)
+
+
+@FUZZ
+@given(sampling_kwargs)
+def test_sampling_params_build_or_raise_value_error(kwargs):
+    try:
+        sp = SamplingParams(**kwargs)
+    except ValueError:
+        return
+    check_sampling_params(sp)
+
+
+ENGINE_FIELDS = {f.name: f for f in dataclasses.fields(EngineConfig)}
+engine_kwargs = st.dictionaries(
+    st.sampled_from([*ENGINE_FIELDS, "bogus_option"]),
+    st.one_of(
+        junk, st.integers(0, 64), st.sampled_from(["fcfs", "swap", "recompute", "xla", "auto", "full", "float32"])
+    ),
+    max_size=4,
+)
+
+
+@FUZZ
+@given(engine_kwargs)
+def test_engine_config_builds_or_raises_value_error(kwargs):
+    kwargs.pop("compilation_cache", None)  # a random string is a folder it would create; checked in test_engine_api
+    try:
+        cfg = EngineConfig.from_options(kwargs)
+    except ValueError:
+        return
+    for name, value in kwargs.items():  # what was given is what is stored, as a plain Python value
+        stored = getattr(cfg, name)
+        assert stored == value or (name == "policy_options" and not value and stored is None)
+        assert not isinstance(stored, np.generic)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return init_model(get_model_config("test-tiny"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def engine(model):
+    return LLMEngine(model, warmup="full", **ENGINE)
+
+
+@pytest.fixture(scope="module")
+def good_tokens(model):
+    return greedy_reference(model, [GOOD_PROMPT], [GOOD_TOKENS], width=32)[0]
+
+
+GREEDY_GOOD = SamplingParams(max_tokens=GOOD_TOKENS, temperature=0.0, ignore_eos=True)
+request_ids = st.one_of(st.sampled_from(["a", "b", "c", "good"]), junk)
+prompts = st.one_of(
+    st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=40),
+    st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12),
+    st.builds(lambda xs: np.array(xs, dtype=np.int32), st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=8)),
+    junk,
+)
+params = st.one_of(sampling_kwargs.map(lambda kw: ("params", kw)), junk.map(lambda j: ("junk", j)), st.none())
+extras = st.fixed_dictionaries(
+    {},
+    optional={
+        "priority": maybe(st.integers(-3, 3)),
+        "tenant": maybe(st.sampled_from(["t1", "t2"])),
+        "deadline": maybe(st.floats(0, 1e6)),
+        "arrival_time": maybe(st.none()),
+    },
+)
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), request_ids, prompts, params, extras),
+        st.tuples(st.just("abort"), request_ids),
+        st.tuples(st.just("step")),
+    ),
+    max_size=8,
+)
+
+
+def make_params(spec):
+    """SamplingParams from a drawn spec, or the junk itself to pass as params. ValueError if it cannot be built."""
+    if spec is None:
+        return None
+    kind, value = spec
+    return SamplingParams(**value) if kind == "params" else value
+
+
+@FUZZ
+@given(operations)
+def test_engine_api_raises_only_value_errors_and_keeps_serving(engine, good_tokens, ops):
+    accepted: dict[str, int] = {}  # request id -> max_tokens
+    for op in ops:
+        try:
+            if op[0] == "add":
+                _, rid, prompt, spec, kw = op
+                sp = make_params(spec)
+                engine.add_request(rid, prompt, sp, **kw)
+                accepted[rid] = (sp or SamplingParams()).max_tokens
+            elif op[0] == "abort":
+                engine.abort_request(op[1])
+            else:
+                engine.step()
+        except ValueError:
+            pass
+    engine.add_request("good-check", GOOD_PROMPT, GREEDY_GOOD)
+    done = drain(engine)
+    assert done["good-check"].outputs[0].token_ids == good_tokens
+    for rid, max_tokens in accepted.items():
+        if rid in done:  # (an id reused after its request finished within the ops reports the last one)
+            out = done[rid].outputs[0]
+            assert out.finish_reason in ("length", "stop", "abort") and len(out.token_ids) <= max_tokens
+    assert not engine.requests and not engine.has_unfinished_requests()
+    pool = engine.scheduler.pool
+    assert pool.num_free == pool.num_pages
+
+
+generate_prompts = st.lists(st.one_of(prompts, st.text(max_size=4)), max_size=5)
+generate_params = st.one_of(
+    st.none(), params, st.lists(params, min_size=0, max_size=5), junk.map(lambda j: ("junk", j))
+)
+
+
+@FUZZ
+@given(generate_prompts, generate_params, st.one_of(st.booleans(), junk))
+def test_generate_serves_every_good_prompt_and_reports_the_bad_ones(engine, good_tokens, prompts, spec, tqdm):
+    llm = LLM.from_engine(engine)
+    try:
+        if isinstance(spec, list):
+            sp = [make_params(s) for s in spec]
+        else:
+            sp = make_params(spec)
+    except ValueError:
+        return  # SamplingParams refused its own arguments (tested above)
+    try:
+        outs = llm.generate([*prompts, GOOD_PROMPT], sp if not isinstance(sp, list) else [*sp, GREEDY_GOOD], tqdm)
+    except ValueError:
+        assert not engine.requests and not engine.has_unfinished_requests()
+        return
+    assert len(outs) == len(prompts) + 1
+    for out in outs:
+        reason = out.outputs[0].finish_reason
+        assert out.finished and reason in ("length", "stop", "abort")
+        assert (out.error is not None) == (reason == "abort")  # generate aborts nothing itself: refused prompts only
+    if isinstance(sp, list):
+        assert outs[-1].outputs[0].token_ids == good_tokens
+    assert not engine.requests and not engine.has_unfinished_requests()
+    assert engine.scheduler.pool.num_free == engine.scheduler.pool.num_pages

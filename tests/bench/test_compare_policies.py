@@ -240,10 +240,11 @@ def test_ctrl_c_while_an_engine_is_built_keeps_what_was_measured(tmp_path, monke
         return built[-1]
 
     monkeypatch.setattr(cbjax.engine, "LLMEngine", engine_interrupted_while_building)
+    before = signal.getsignal(signal.SIGINT)
     comp = cp.run_comparison(cfg, progress=False)
     assert len(built) == 2  # the interrupted constructor ran to its end: no KeyboardInterrupt inside jax
     assert comp.interrupted and list(comp.results) == ["fcfs"] and not comp.results["fcfs"].interrupted
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    assert signal.getsignal(signal.SIGINT) is before  # restored
 
 
 def test_ctrl_c_during_a_run_stops_at_the_next_step(tmp_path):
@@ -258,3 +259,27 @@ def test_ctrl_c_during_a_run_stops_at_the_next_step(tmp_path):
     comp = cp.run_comparison(cfg, progress=False, on_step=ctrl_c_at_step_3)
     assert comp.interrupted and list(comp.results) == ["fcfs"]
     assert comp.results["fcfs"].interrupted and len(comp.results["fcfs"].steps) == 3
+
+
+def test_ctrl_c_in_a_real_run_writes_the_results_and_exits_normally(tmp_path):
+    """The command line, interrupted by SIGINT as soon as the first engine is being built."""
+    import signal
+
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    # Ctrl-C's default handling, whatever this process inherited (a job started in the background ignores SIGINT).
+    launch = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "sys.argv[0] = 'compare_policies'; runpy.run_module('experiments.compare_policies', run_name='__main__')"
+    )
+    cmd = [sys.executable, "-c", launch, f"--config={TINY}", f"--config.output_dir={tmp_path}", "--config.run_name=cut"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:
+        if "static: engine policy=static" in line:  # logged just before the engine is built
+            proc.send_signal(signal.SIGINT)
+            break
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr and "interrupted:" in stdout
+    manifest = json.loads((tmp_path / "cut" / "manifest.json").read_text())
+    assert manifest["interrupted"] is True
+    assert (tmp_path / "cut" / "summary.json").is_file()

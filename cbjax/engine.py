@@ -69,6 +69,8 @@ class LLMEngine:
             num_host_pages = cfg.num_host_pages
             if num_host_pages is None:
                 num_host_pages = int(cfg.swap_space_gib * 2**30) // kv_cache_bytes_per_page(mcfg, cfg.page_size)
+        _check_fits("KV cache (num_pages / kv_cache_memory_gib)", num_pages, mcfg, cfg, device_memory_bytes())
+        _check_fits("host swap pool (num_host_pages / swap_space_gib)", num_host_pages, mcfg, cfg, host_memory_bytes())
         self.config = cfg = dataclasses.replace(
             cfg, num_pages=num_pages, max_model_len=max_model_len, num_host_pages=num_host_pages
         )
@@ -308,6 +310,33 @@ class LLMEngine:
         for rid in list(self.requests):
             if not self.requests[rid].is_finished:
                 self.abort_request(rid)
+
+
+def device_memory_bytes() -> int | None:
+    """What the first device can hold (its allocator's limit; on the CPU backend, the machine's memory)."""
+    device = jax.devices()[0]
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"])
+    return host_memory_bytes() if device.platform == "cpu" else None
+
+
+def host_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system
+        return None
+
+
+def _check_fits(what: str, num_pages: int, mcfg: ModelConfig, cfg: EngineConfig, limit: int | None) -> None:
+    """A pool larger than the memory that would hold it is the user's sizing mistake (GiB vs bytes, one zero too
+    many): a ValueError now, not an allocator failure or an out-of-memory kill later."""
+    size = num_pages * kv_cache_bytes_per_page(mcfg, cfg.page_size)
+    if limit is not None and size > limit:
+        raise ValueError(
+            f"the {what}: {num_pages} pages of {cfg.page_size} tokens = {size / 2**30:.3g} GiB, more than the "
+            f"{limit / 2**30:.3g} GiB of memory there is to hold them"
+        )
 
 
 def device_kind() -> str:

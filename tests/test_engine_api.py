@@ -278,6 +278,11 @@ def test_options_the_model_decides_are_checked_against_it():
         LLMEngine("test-tiny", max_model_len=2048, warmup="none")
     with pytest.raises(ValueError, match="kv_cache_memory_gib=1e-09 holds no KV page"):
         LLMEngine("test-tiny", kv_cache_memory_gib=1e-9, warmup="none")
+    # GiB taken for bytes: more than this machine has, refused before anything is allocated.
+    with pytest.raises(ValueError, match=r"the KV cache .* GiB, more than the .* GiB of memory"):
+        LLMEngine("test-tiny", kv_cache_memory_gib=4e9, warmup="none")
+    with pytest.raises(ValueError, match="the host swap pool"):
+        LLMEngine("test-tiny", num_pages=8, preemption_mode="swap", num_host_pages=10**12, warmup="none")
 
 
 def test_no_compiles_after_warmup_in_this_module(engine):

@@ -10,8 +10,9 @@ own `asyncio.Queue` through `loop.call_soon_threadsafe`, as soon as the step tha
   ("tokens", new_ids, finish_reason)    a step's delta; finish_reason is None until the last one
   ("error", status, message)            aborted by the server (timeout: 408, shutdown: 503)
 
-Admission is bounded: requests accepted and not yet running (queued commands + the scheduler's waiting queue) are
-at most `max_waiting`; beyond that `submit` raises QueueFull (a 429 with Retry-After).
+Admission is bounded: requests accepted and not yet running (queued commands + the scheduler's waiting queue), less
+the slots free at the last look, are at most `max_waiting`; beyond that `submit` raises QueueFull (a 429 with
+Retry-After).
 """
 
 import asyncio
@@ -76,6 +77,7 @@ class EngineLoop:
         self._lock = threading.Lock()
         self._pending_adds = 0  # submitted, not yet taken by the loop thread (guarded by _lock)
         self._num_waiting = 0  # the scheduler's waiting queue after the last command batch (guarded by _lock)
+        self._free_slots = engine.config.max_num_seqs  # slots not running a request, then (guarded by _lock)
         self._live: dict[str, RequestHandle] = {}  # loop thread only
         self._ids = itertools.count()
         self.accepting = True
@@ -108,7 +110,8 @@ class EngineLoop:
         if not self.accepting or not self.alive:
             raise ShuttingDown("the server is shutting down")
         with self._lock:
-            if self._pending_adds + self._num_waiting >= self.max_waiting:
+            # Those that would wait: beyond the free slots (a burst into an idle server is not a queue).
+            if self._pending_adds + self._num_waiting - self._free_slots >= self.max_waiting:
                 raise QueueFull(f"the waiting queue is full ({self.max_waiting} requests)")
             self._pending_adds += 1
         h = RequestHandle(
@@ -224,6 +227,7 @@ class EngineLoop:
         with self._lock:
             self._pending_adds -= 1
             self._num_waiting = len(engine.scheduler.waiting)
+            self._free_slots = max(0, engine.config.max_num_seqs - len(engine.scheduler.running))
 
     def _abort(self, h: RequestHandle, event: tuple | None) -> None:
         if h.closed or self._live.get(h.request_id) is not h:
@@ -275,3 +279,4 @@ class EngineLoop:
         m.steps.set(self.engine.num_steps)
         with self._lock:
             self._num_waiting = len(sched.waiting)
+            self._free_slots = max(0, self.engine.config.max_num_seqs - len(sched.running))

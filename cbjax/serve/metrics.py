@@ -3,7 +3,7 @@ process (the tests). Latencies are seconds, measured at the server with vLLM's d
 arrival at the server (queueing included) to its first token leaving the engine loop, ITL the gaps between
 tokens, E2E arrival to the last token."""
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 # Bucket edges in seconds: a CPU toy model's ITL is a few ms, a loaded server's TTFT seconds.
@@ -15,6 +15,7 @@ class ServerMetrics:
 
     def __init__(self, model_name: str):
         r = self.registry = CollectorRegistry()
+        ProcessCollector(registry=r)  # process_resident_memory_bytes and friends: memory over a long run
         labels = ["model_name"]
         self._labels = {"model_name": model_name}
 

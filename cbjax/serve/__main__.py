@@ -5,6 +5,7 @@ Every engine option (cbjax.engine.EngineConfig) is a flag of the same name (`--m
 Routes, options and measurements: docs/serve.md.
 """
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -83,7 +84,8 @@ def main(argv) -> None:
         shutdown_timeout_s=_SHUTDOWN.value,
         log_level=_LOG_LEVEL.value,
     )
-    uv.run()
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled, after its shutdown
+        uv.run()
 
 
 if __name__ == "__main__":

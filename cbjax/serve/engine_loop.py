@@ -217,8 +217,7 @@ class EngineLoop:
                 h.request_id, h.prompt_ids, h.params, priority=h.priority, tenant=h.tenant, deadline=deadline
             )
         except ValueError as e:
-            h.closed = True
-            self.metrics.rejected("invalid")
+            h.closed = True  # the HTTP side answers 400 and counts it
             self._send(h, ("rejected", str(e)))
         else:
             self._live[h.request_id] = h

@@ -119,8 +119,11 @@ def test_models_health_and_metrics(server, client):
     ],
 )
 def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, body, status, param, words):
+    reason = "unknown_model" if status == 404 else "invalid"
+    refused = metric(server.url, "cbjax_requests_rejected_total", reason=reason)
     r = httpx.post(server.url + "/v1/completions", content=body, headers={"Content-Type": "application/json"})
     assert r.status_code == status, r.text
+    assert metric(server.url, "cbjax_requests_rejected_total", reason=reason) == refused + 1
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["param"] == param and words in err["message"]
     assert err["type"] == "invalid_request_error"

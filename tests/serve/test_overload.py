@@ -79,6 +79,14 @@ def test_a_request_past_its_timeout_is_aborted_with_408(server):
     wait_for(lambda: metric(server.url, "cbjax_kv_pages_used") == 0, what="the pages of the timed-out request")
 
 
+def test_a_non_streamed_client_that_gives_up_is_aborted(server):
+    aborted = metric(server.url, "cbjax_requests_finished_total", finish_reason="abort")
+    with pytest.raises(httpx.ReadTimeout):  # 200 slowed steps take over 2 s
+        httpx.post(server.url + "/v1/completions", json={**LONG, "stream": False}, timeout=0.5)
+    wait_for(lambda: metric(server.url, "cbjax_requests_finished_total", finish_reason="abort") == aborted + 1)
+    wait_for(lambda: metric(server.url, "cbjax_kv_pages_used") == 0, what="the pages of the abandoned request")
+
+
 def test_graceful_shutdown_drains_what_finishes_in_time_and_aborts_the_rest():
     # 20 ms steps: the long request needs 4 s, the short one 0.4 s, the drain window is 1.5 s.
     s = serve_tinypy({**ONE_SLOT, "max_num_seqs": 2}, shutdown_timeout_s=1.5)

@@ -57,10 +57,13 @@ def test_the_command_line_server_with_the_priority_policy():
         threads = [threading.Thread(target=long)]
         threads[0].start()
         assert first.wait(30)
-        threads.append(threading.Thread(target=short, args=("low",), kwargs={"json": {"prompt": "x", "priority": 5}}))
+        # Long enough to be running still when the high one arrives, if A is done already: then the high one
+        # preempts it (the priority policy preempts for a slot; fcfs never does).
+        low = {"json": {"prompt": "x", "priority": 5, "max_tokens": 100, "ignore_eos": True}}
+        threads.append(threading.Thread(target=short, args=("low",), kwargs=low))
         threads[-1].start()
         time.sleep(0.05)
-        high = {"json": {"prompt": "x"}, "headers": {"X-Priority": "-1"}}
+        high = {"json": {"prompt": "x", "max_tokens": 4}, "headers": {"X-Priority": "-1"}}
         threads.append(threading.Thread(target=short, args=("high",), kwargs=high))
         threads[-1].start()
         for t in threads:

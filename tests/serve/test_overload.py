@@ -88,8 +88,8 @@ def test_a_non_streamed_client_that_gives_up_is_aborted(server):
 
 
 def test_graceful_shutdown_drains_what_finishes_in_time_and_aborts_the_rest():
-    # 20 ms steps: the long request needs 4 s, the short one 0.4 s, the drain window is 1.5 s.
-    s = serve_tinypy({**ONE_SLOT, "max_num_seqs": 2}, shutdown_timeout_s=1.5)
+    # 20 ms steps: the long request needs 4 s, the short one 0.4 s, the drain window is 2 s.
+    s = serve_tinypy({**ONE_SLOT, "max_num_seqs": 2}, shutdown_timeout_s=2.0)
     _slow_steps(s.engine, 0.02)
     long = Stream(s.url, LONG)
     wait_for(lambda: long.tokens() >= 1, what="the long request running")

@@ -110,6 +110,9 @@ ALLOWED = {
     "cbjax.model": ("cbjax.model", "kernels_pallas"),
     "cbjax.runner": ("cbjax.runner", "cbjax.core", "cbjax.model", "kernels_pallas"),
     "kernels_pallas": ("kernels_pallas",),
+    # The server sits on the engine; from the model room it uses what the engine hands out (its tokenizer, the
+    # incremental detokenizer) and the registry that names checkpoints. Never the runner.
+    "cbjax.serve": ("cbjax.serve", "cbjax.engine", "cbjax.core", "cbjax.model"),
 }
 
 

@@ -1,0 +1,7 @@
+"""The OpenAI-compatible HTTP server around one engine loop (`python -m cbjax.serve`; docs/serve.md).
+
+Needs the `[serve]` extra (Starlette, uvicorn, prometheus-client). Files: `protocol.py` (request bodies ->
+GenerationRequest, OpenAI's error shape), `engine_loop.py` (the thread that owns the engine), `text_stream.py`
+(detokenization and stop strings), `chat_template.py`, `metrics.py` (Prometheus), `app.py` (routes), `server.py`
+(uvicorn and the graceful shutdown), `__main__.py` (absl flags).
+"""

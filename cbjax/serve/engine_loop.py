@@ -1,0 +1,281 @@
+"""The one thread that owns the engine, and the thread-safe boundary the HTTP side talks to it through.
+
+The engine is not thread-safe, so only this thread calls `add_request`, `step` and `abort_request`. The event loop
+of the HTTP server enqueues commands (`submit`, `abort`) on a `queue.SimpleQueue`; the thread takes them between
+steps and, when no request is unfinished, blocks on that queue (no busy spin). Each request's events go to its
+own `asyncio.Queue` through `loop.call_soon_threadsafe`, as soon as the step that made them has ended:
+
+  ("accepted", None)                    the engine took the request
+  ("rejected", message)                 the engine refused it (its ValueError's message: a 400)
+  ("tokens", new_ids, finish_reason)    a step's delta; finish_reason is None until the last one
+  ("error", status, message)            aborted by the server (timeout: 408, shutdown: 503)
+
+Admission is bounded: requests accepted and not yet running (queued commands + the scheduler's waiting queue), less
+the slots free at the last look, are at most `max_waiting`; beyond that `submit` raises QueueFull (a 429 with
+Retry-After).
+"""
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import logging
+import queue
+import threading
+import time
+
+from cbjax.core.sampling_params import SamplingParams
+from cbjax.engine import LLMEngine
+from cbjax.serve.metrics import ServerMetrics
+
+log = logging.getLogger("cbjax.serve")
+
+
+class QueueFull(Exception):
+    pass
+
+
+class ShuttingDown(Exception):
+    pass
+
+
+@dataclasses.dataclass(eq=False)
+class RequestHandle:
+    """The HTTP side's end of one request. Only the loop thread writes the timing fields."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    priority: int
+    tenant: str
+    deadline_s: float | None  # relative to arrival (the edf policy)
+    events: asyncio.Queue
+    aloop: asyncio.AbstractEventLoop
+    arrival: float = dataclasses.field(default_factory=time.monotonic)
+    timeout_at: float | None = None
+    last_token: float | None = None
+    num_tokens: int = 0
+    closed: bool = False  # no more events: finished, aborted or refused
+
+
+class EngineLoop:
+    """Owns `engine` on a background thread. `submit`/`abort` are called from the HTTP server's event loop."""
+
+    def __init__(
+        self,
+        engine: LLMEngine,
+        metrics: ServerMetrics,
+        *,
+        max_waiting: int = 1024,
+        request_timeout_s: float | None = None,
+    ):
+        self.engine = engine
+        self.metrics = metrics
+        self.max_waiting = max_waiting
+        self.request_timeout_s = request_timeout_s or None
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._pending_adds = 0  # submitted, not yet taken by the loop thread (guarded by _lock)
+        self._num_waiting = 0  # the scheduler's waiting queue after the last command batch (guarded by _lock)
+        self._free_slots = engine.config.max_num_seqs  # slots not running a request, then (guarded by _lock)
+        self._live: dict[str, RequestHandle] = {}  # loop thread only
+        self._ids = itertools.count()
+        self.accepting = True
+        self.shutting_down = False
+        self.drained: list[str] = []  # finished normally after shutdown began
+        self.aborted_at_shutdown: list[str] = []
+        self.error: BaseException | None = None  # what killed the loop thread, if anything
+        self._thread = threading.Thread(target=self._run, name="cbjax-engine-loop", daemon=True)
+        metrics.pages_total.set(engine.scheduler.pool.num_pages)
+
+    # ---- the HTTP side (event loop thread) --------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        priority: int = 0,
+        tenant: str = "default",
+        deadline_s: float | None = None,
+    ) -> RequestHandle:
+        """Queue a request for the engine; its events arrive on the returned handle's `events`. Raises QueueFull or
+        ShuttingDown. Must be called from a running event loop (the one that reads the events)."""
+        if not self.accepting or not self.alive:
+            raise ShuttingDown("the server is shutting down")
+        with self._lock:
+            # Those that would wait: beyond the free slots (a burst into an idle server is not a queue).
+            if self._pending_adds + self._num_waiting - self._free_slots >= self.max_waiting:
+                raise QueueFull(f"the waiting queue is full ({self.max_waiting} requests)")
+            self._pending_adds += 1
+        h = RequestHandle(
+            f"req-{next(self._ids)}",
+            prompt_ids,
+            params,
+            priority,
+            tenant,
+            deadline_s,
+            asyncio.Queue(),
+            asyncio.get_running_loop(),
+        )
+        if self.request_timeout_s is not None:
+            h.timeout_at = h.arrival + self.request_timeout_s
+        self._commands.put(("add", h))
+        return h
+
+    def abort(self, handle: RequestHandle) -> None:
+        """Abort a request (client gone, stop string seen); its pages are freed by the next step."""
+        self._commands.put(("abort", handle))
+
+    def num_unfinished(self) -> int:
+        return len(self._live) + self._pending_adds
+
+    def begin_shutdown(self) -> None:
+        """Refuse new requests from now on; the ones in flight go on (drain)."""
+        self.accepting = False
+        self.shutting_down = True
+
+    def abort_all(self, reason: str) -> None:
+        self._commands.put(("abort_all", reason))
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Abort whatever is left and end the thread."""
+        self.accepting = False
+        self._commands.put(("stop", None))
+        self._thread.join(timeout)
+
+    # ---- the loop thread --------------------------------------------------------------------------------------
+    def _send(self, h: RequestHandle, event: tuple) -> None:
+        with contextlib.suppress(RuntimeError):  # RuntimeError: that event loop is closed, nobody listens any more
+            h.aloop.call_soon_threadsafe(h.events.put_nowait, event)
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # the engine broke: tell every waiting client, then stop
+            log.exception("engine loop failed")
+            self.error = e
+            self.accepting = False
+            for h in list(self._live.values()):
+                self._close(h, ("error", 500, f"engine failure: {e!r}"), "error")
+            raise
+
+    def _loop(self) -> None:
+        engine = self.engine
+        while True:
+            idle = not self._live and not engine.has_unfinished_requests()
+            commands = []
+            try:
+                # Nothing to step: sleep until a command comes.
+                commands.append(self._commands.get(block=idle))
+                while True:
+                    commands.append(self._commands.get_nowait())
+            except queue.Empty:
+                pass
+            stop = False
+            for cmd, arg in commands:
+                if cmd == "add":
+                    self._add(arg)
+                elif cmd == "abort":
+                    self._abort(arg, None)
+                elif cmd == "abort_all":
+                    for h in list(self._live.values()):
+                        self._abort(h, ("error", 503, f"aborted: {arg}"))
+                        self.aborted_at_shutdown.append(h.request_id)
+                elif cmd == "stop":
+                    stop = True
+            if stop:
+                for h in list(self._live.values()):
+                    self._abort(h, ("error", 503, "aborted: the server stopped"))
+                    self.aborted_at_shutdown.append(h.request_id)
+                while engine.has_unfinished_requests():  # let the aborts reach the pool
+                    engine.step()
+                self._publish()
+                return
+            if engine.has_unfinished_requests():
+                now = time.monotonic()
+                for out in engine.step():
+                    h = self._live.get(out.request_id)
+                    if h is not None:
+                        self._deliver(h, out.outputs[0], now)
+                # The engine keeps a record per step for offline metrics; a server that runs for days must not.
+                engine.step_records.clear()
+            self._expire(time.monotonic())
+            self._publish()
+
+    def _add(self, h: RequestHandle) -> None:
+        engine = self.engine
+        deadline = None if h.deadline_s is None else engine.clock.now() + h.deadline_s
+        try:
+            engine.add_request(
+                h.request_id, h.prompt_ids, h.params, priority=h.priority, tenant=h.tenant, deadline=deadline
+            )
+        except ValueError as e:
+            h.closed = True  # the HTTP side answers 400 and counts it
+            self._send(h, ("rejected", str(e)))
+        else:
+            self._live[h.request_id] = h
+            self.metrics.prompt_tokens.inc(len(h.prompt_ids))
+            self._send(h, ("accepted", None))
+        with self._lock:
+            self._pending_adds -= 1
+            self._num_waiting = len(engine.scheduler.waiting)
+            self._free_slots = max(0, engine.config.max_num_seqs - len(engine.scheduler.running))
+
+    def _abort(self, h: RequestHandle, event: tuple | None) -> None:
+        if h.closed or self._live.get(h.request_id) is not h:
+            return
+        with contextlib.suppress(ValueError):  # ValueError: it finished in the step that just ran, nothing to free
+            self.engine.abort_request(h.request_id)
+        self._close(h, event, "abort")
+
+    def _close(self, h: RequestHandle, event: tuple | None, reason: str) -> None:
+        h.closed = True
+        self._live.pop(h.request_id, None)
+        self.metrics.finished(reason)
+        if self.shutting_down and reason != "abort":
+            self.drained.append(h.request_id)
+        if event is not None:
+            self._send(h, event)
+
+    def _deliver(self, h: RequestHandle, c, now: float) -> None:
+        m = self.metrics
+        n = len(c.new_token_ids)
+        if n:
+            if h.last_token is None:
+                m.ttft.observe(now - h.arrival)
+            else:
+                for _ in range(n):
+                    m.itl.observe((now - h.last_token) / n)
+            h.last_token = now
+            h.num_tokens += n
+            m.generation_tokens.inc(n)
+        event = ("tokens", list(c.new_token_ids), c.finish_reason)
+        if c.finish_reason is None:
+            self._send(h, event)
+            return
+        m.e2e.observe(now - h.arrival)
+        self._close(h, event, c.finish_reason)
+
+    def _expire(self, now: float) -> None:
+        for h in list(self._live.values()):
+            if h.timeout_at is not None and now >= h.timeout_at:
+                self._abort(h, ("error", 408, f"request timed out after {self.request_timeout_s:g} s"))
+                self.metrics.rejected("timeout")
+
+    def _publish(self) -> None:
+        sched, m = self.engine.scheduler, self.metrics
+        m.running.set(len(sched.running))
+        m.waiting.set(len(sched.waiting) + self._pending_adds)
+        m.pages_used.set(sched.pool.num_used)
+        m.preemptions.set(sched.num_preemptions)
+        m.steps.set(self.engine.num_steps)
+        with self._lock:
+            self._num_waiting = len(sched.waiting)
+            self._free_slots = max(0, self.engine.config.max_num_seqs - len(sched.running))

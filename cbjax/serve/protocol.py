@@ -1,0 +1,261 @@
+"""The OpenAI request bodies the server accepts, parsed and checked into one `GenerationRequest`, and OpenAI's error
+shape.
+
+Parsing is strict, as the issue asks: an unknown field is a 400 naming it, and so is a known OpenAI field whose
+value would need a feature cbjax does not have (`n` > 1, logprobs, penalties, echo, ...). The values clients send by
+default for those fields (`n: 1`, `logprobs: null`, `frequency_penalty: 0`, `echo: false`, vLLM's
+`repetition_penalty: 1.0` and `ignore_eos`, ...) are accepted, so the official client and `vllm bench serve` work
+unchanged. The sampling numbers themselves are checked by `SamplingParams` and the prompt by the engine; their
+`ValueError` messages become the 400's message.
+"""
+
+import dataclasses
+import math
+import numbers
+from typing import Any
+
+
+class ProtocolError(Exception):
+    """An error answered in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}` with `status`."""
+
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.message, self.status, self.type, self.param, self.code = message, status, type, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+# Fields with no effect here, accepted only at the value that asks for nothing (what clients send by default).
+_INERT = {
+    "n": (1,),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "logit_bias": (None, {}),
+    "frequency_penalty": (None, 0, 0.0),
+    "presence_penalty": (None, 0, 0.0),
+    "repetition_penalty": (None, 1, 1.0),  # vLLM's extension; `vllm bench serve` sends 1.0
+    "min_tokens": (None, 0),
+    "top_logprobs": (None, 0),
+    "parallel_tool_calls": (None,),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+}
+_FREE = {"model", "user", "stream_options"}  # checked on their own (or not at all: `user` is any string)
+_SAMPLING = {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "ignore_eos", "stream"}
+# cbjax's extensions: scheduling hints for the policies, and the generated token ids in the response (vLLM's name).
+_CBJAX = {"priority", "tenant", "deadline_ms", "return_token_ids"}
+COMPLETION_FIELDS = frozenset(_INERT) | _FREE | _SAMPLING | _CBJAX | {"prompt", "logprobs"}
+CHAT_FIELDS = frozenset(_INERT) | _FREE | _SAMPLING | _CBJAX | {"messages", "max_completion_tokens", "logprobs"}
+
+
+@dataclasses.dataclass
+class GenerationRequest:
+    """One completion or chat request, checked. `prompt` is text or token ids (chat: the rendered template)."""
+
+    kind: str  # "completion" | "chat"
+    prompt: "str | list[int]"
+    max_tokens: int | None  # None: the rest of the context (chat's default)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    stream: bool = False
+    include_usage: bool = False
+    return_token_ids: bool = False
+    model: str | None = None
+    priority: int = 0
+    tenant: str = "default"
+    deadline_ms: float | None = None  # relative to arrival; the `edf` policy reads it
+
+
+def _bad(message: str, param: str | None) -> ProtocolError:
+    return ProtocolError(message, 400, param=param)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _get_int(body: dict, name: str, default):
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if not _is_int(v):
+        raise _bad(f"'{name}' must be an integer, got {v!r}", name)
+    return int(v)
+
+
+def _get_float(body: dict, name: str, default):
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+        raise _bad(f"'{name}' must be a finite number, got {v!r}", name)
+    return float(v)
+
+
+def _get_bool(body: dict, name: str, default: bool) -> bool:
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise _bad(f"'{name}' must be a boolean, got {v!r}", name)
+    return v
+
+
+def _get_str(body: dict, name: str, default):
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if not isinstance(v, str):
+        raise _bad(f"'{name}' must be a string, got {v!r}", name)
+    return v
+
+
+def _check_fields(body: Any, allowed: frozenset) -> None:
+    if not isinstance(body, dict):
+        raise _bad(f"the request body must be a JSON object, got {type(body).__name__}", None)
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise _bad(f"unknown field(s) {unknown}; this server accepts {sorted(allowed)}", unknown[0])
+    for name, accepted in _INERT.items():
+        if name in body and not _inert(body[name], accepted):
+            raise _bad(f"'{name}'={body[name]!r} is not supported (accepted: {list(accepted)})", name)
+
+
+def _inert(v, accepted: tuple) -> bool:
+    # Same type too: `n: true` is not `n: 1`.
+    return any(v is None if a is None else (type(v) is type(a) and v == a) for a in accepted)
+
+
+def _common(body: dict, headers, kind: str, prompt, max_tokens: int | None) -> GenerationRequest:
+    stop = body.get("stop")
+    if stop is None:
+        stop = ()
+    elif isinstance(stop, str):
+        stop = (stop,)
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        stop = tuple(stop)
+    else:
+        raise _bad(f"'stop' must be a string or a list of strings, got {stop!r}", "stop")
+    if any(not s for s in stop):
+        raise _bad("'stop' strings must not be empty", "stop")
+    stop_ids = body.get("stop_token_ids") or []
+    if not isinstance(stop_ids, list) or not all(_is_int(t) for t in stop_ids):
+        raise _bad(f"'stop_token_ids' must be a list of integers, got {stop_ids!r}", "stop_token_ids")
+    opts = body.get("stream_options")
+    include_usage = False
+    if opts is not None:
+        if not isinstance(opts, dict) or set(opts) - {"include_usage", "continuous_usage_stats"}:
+            raise _bad(f"'stream_options' accepts only include_usage, got {opts!r}", "stream_options")
+        include_usage = _get_bool(opts, "include_usage", False)
+    stream = _get_bool(body, "stream", False)
+    if opts is not None and not stream:
+        raise _bad("'stream_options' is only allowed with stream=true", "stream_options")
+    # Headers name the scheduling hints too, so a load generator can set them without changing bodies.
+    hdr = {k.lower(): v for k, v in (headers or {}).items()}
+    priority = _get_int(body, "priority", None)
+    if priority is None and "x-priority" in hdr:
+        try:
+            priority = int(hdr["x-priority"])
+        except ValueError:
+            raise _bad(f"X-Priority must be an integer, got {hdr['x-priority']!r}", "priority") from None
+    tenant = _get_str(body, "tenant", None) or hdr.get("x-tenant") or "default"
+    deadline_ms = _get_float(body, "deadline_ms", None)
+    if deadline_ms is None and "x-deadline-ms" in hdr:
+        try:
+            deadline_ms = float(hdr["x-deadline-ms"])
+        except ValueError:
+            raise _bad(f"X-Deadline-Ms must be a number, got {hdr['x-deadline-ms']!r}", "deadline_ms") from None
+    return GenerationRequest(
+        kind=kind,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=_get_float(body, "temperature", 1.0),
+        top_p=_get_float(body, "top_p", 1.0),
+        top_k=_get_int(body, "top_k", -1),
+        seed=_get_int(body, "seed", None),
+        stop=stop,
+        stop_token_ids=tuple(int(t) for t in stop_ids),
+        ignore_eos=_get_bool(body, "ignore_eos", False),
+        stream=stream,
+        include_usage=include_usage,
+        return_token_ids=_get_bool(body, "return_token_ids", False),
+        model=_get_str(body, "model", None),
+        priority=priority or 0,
+        tenant=tenant,
+        deadline_ms=deadline_ms,
+    )
+
+
+def _prompt(body: dict):
+    """Text, token ids, or a batch of exactly one of those (what the client sends for a single prompt list)."""
+    if "prompt" not in body:
+        raise _bad("'prompt' is required", "prompt")
+    p = body["prompt"]
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+        p = p[0]
+    if isinstance(p, str):
+        return p
+    if isinstance(p, list) and all(_is_int(t) for t in p):
+        return [int(t) for t in p]
+    if isinstance(p, list) and p and all(isinstance(x, (str, list)) for x in p):
+        raise _bad(f"a batch of {len(p)} prompts is not supported: send one prompt per request", "prompt")
+    raise _bad("'prompt' must be a string or a list of token ids", "prompt")
+
+
+def parse_completion(body: Any, headers=None) -> GenerationRequest:
+    """`POST /v1/completions` body -> GenerationRequest (ProtocolError 400 when malformed)."""
+    _check_fields(body, COMPLETION_FIELDS)
+    if body.get("logprobs") is not None:
+        raise _bad(f"'logprobs'={body['logprobs']!r} is not supported (accepted: null)", "logprobs")
+    return _common(body, headers, "completion", _prompt(body), _get_int(body, "max_tokens", 16))
+
+
+def parse_chat(body: Any, headers=None) -> tuple[GenerationRequest, list[dict]]:
+    """`POST /v1/chat/completions` body -> (GenerationRequest without its prompt yet, the messages)."""
+    _check_fields(body, CHAT_FIELDS)
+    if body.get("logprobs") not in (None, False):
+        raise _bad(f"'logprobs'={body['logprobs']!r} is not supported (accepted: false)", "logprobs")
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise _bad("'messages' must be a non-empty list", "messages")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise _bad(f"messages[{i}] must be an object with a 'role' string", "messages")
+        content = m.get("content")
+        if isinstance(content, list):  # the content-parts form: text parts only
+            if not all(
+                isinstance(c, dict) and c.get("type") == "text" and isinstance(c.get("text"), str) for c in content
+            ):
+                raise _bad(f"messages[{i}].content: only text parts are supported", "messages")
+            content = "".join(c["text"] for c in content)
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            raise _bad(f"messages[{i}].content must be a string or a list of text parts", "messages")
+        out.append({"role": m["role"], "content": content})
+    max_tokens = _get_int(body, "max_completion_tokens", None)
+    if max_tokens is None:
+        max_tokens = _get_int(body, "max_tokens", None)
+    return _common(body, headers, "chat", "", max_tokens), out

@@ -91,6 +91,8 @@ class LLMEngine:
                 preemption_mode=cfg.preemption_mode,
                 num_host_pages=num_host_pages,
                 enable_prefix_caching=cfg.enable_prefix_caching,
+                sliding_window=mcfg.sliding_window,
+                evict_outside_window=cfg.evict_outside_window,
             ),
             self.clock,
         )

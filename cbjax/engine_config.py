@@ -37,6 +37,9 @@ class EngineConfig:
     swap_space_gib: float = 1.0  # swap: host memory for swapped-out KV pages (a victim that does not fit recomputes)
     num_host_pages: int | None = None  # swap: host pool in pages; None: derived from swap_space_gib
     enable_prefix_caching: bool = False  # share the KV pages of identical prompt prefixes (vLLM's option)
+    # Sliding-window models (Mistral's sliding_window): free the KV pages no query can read any more, so a long
+    # sequence holds about window / page_size + 1 pages. False keeps every page (to measure what eviction saves).
+    evict_outside_window: bool = True
     # When the step programs (one per token bucket) are built: "background" (start serving at once; a background
     # thread builds them, smallest first, and a step whose program is missing builds it itself), "full" (all
     # before the constructor returns: time nothing before that), "none" (each when first needed). True is "full",
@@ -74,6 +77,7 @@ class EngineConfig:
             swap_space_gib=check.real("swap_space_gib", self.swap_space_gib, 0.0),
             num_host_pages=check.optional_integer("num_host_pages", self.num_host_pages, 0),
             enable_prefix_caching=check.boolean("enable_prefix_caching", self.enable_prefix_caching),
+            evict_outside_window=check.boolean("evict_outside_window", self.evict_outside_window),
             warmup=check.choice("warmup", self.warmup, (True, False, *WARMUP_MODES)),
             compilation_cache=check.text("compilation_cache ('auto', 'off' or a directory)", self.compilation_cache),
             async_scheduling=check.boolean("async_scheduling", self.async_scheduling),

@@ -2,7 +2,7 @@
 
 from cbjax import LLM, LLMEngine, SamplingParams
 from cbjax.model import get_model_config, init_model
-from tests.helpers import random_workload
+from tests.helpers import greedy_reference, random_workload
 
 
 def test_pallas_interpret_engine_matches_reference_engine():
@@ -23,3 +23,16 @@ def test_pallas_interpret_engine_matches_reference_engine():
         LLM.from_engine(pallas_engine).generate([[5, 6, 7]], sampled)[0].outputs[0].token_ids
         == LLM.from_engine(LLMEngine(model, **opts)).generate([[5, 6, 7]], sampled)[0].outputs[0].token_ids
     )
+
+
+def test_pallas_interpret_engine_with_a_sliding_window_and_eviction_matches_the_full_forward():
+    """The Pallas kernel reads only in-window pages: the page table's dropped columns hold the pad page."""
+    model = init_model(get_model_config("test-tiny").replace(sliding_window=16), seed=0)
+    prompts = [list(range(3, 3 + n)) for n in (40, 21, 9)]
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (24, 30, 12)]
+    opts = dict(max_num_seqs=4, max_num_batched_tokens=16, page_size=8, num_pages=24, max_model_len=72)
+    engine = LLMEngine(model, attention_backend="pallas", pallas_interpret=True, warmup=False, **opts)
+    got = LLM.from_engine(engine).generate(prompts, params)
+    want = greedy_reference(model, prompts, [p.max_tokens for p in params], width=72)
+    assert [o.outputs[0].token_ids for o in got] == want
+    assert engine.scheduler.pool.num_free == opts["num_pages"]

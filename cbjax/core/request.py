@@ -45,6 +45,7 @@ class Request:
         "last_scheduled_time",
         "metrics",
         "num_computed_tokens",
+        "num_dropped_pages",
         "num_pending_tokens",
         "num_preemptions",
         "num_registered_pages",
@@ -82,7 +83,10 @@ class Request:
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.num_computed_tokens = 0
         self.num_pending_tokens = 0
+        # The KV pages of context positions [num_dropped_pages * G, ...), in order. A sliding-window model's pages
+        # that no query can read any more are released from the front (Scheduler: evict_outside_window).
         self.pages: list[int] = []
+        self.num_dropped_pages = 0
         self.finish_reason: FinishReason | None = None
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         self.seed = seed

@@ -14,39 +14,10 @@ from cbjax.core.page_pool import PagePool, chain_hashes
 from cbjax.core.policies import make_policy
 from cbjax.core.policy import Policy
 from cbjax.core.request import FinishReason, Request, RequestStatus
+from cbjax.core.scheduler_config import SchedulerConfig, pages_for
 from cbjax.core.scheduler_output import ScheduledSeq, SchedulerOutput
 
-
-@dataclasses.dataclass(frozen=True)
-class SchedulerConfig:
-    max_num_seqs: int = 64  # slots per step
-    max_num_batched_tokens: int = 512  # tokens per step, prefill chunks and decodes together
-    page_size: int = 16  # tokens per KV page
-    num_pages: int = 1024  # pages in the pool
-    max_model_len: int = 2048  # prompt + output tokens of one sequence
-    policy: str = "fcfs"  # a name in cbjax.core.policies.POLICIES
-    policy_options: dict = dataclasses.field(default_factory=dict)  # the policy's constructor options
-    enable_chunked_prefill: bool = True  # policies that do not say otherwise may split prompts over steps
-    # Pages kept free at admission so running sequences can grow without an immediate preemption.
-    watermark_pages: int = 0
-    # static: a new batch waits until full or until its oldest request waited this long (0: start at once).
-    static_batch_timeout_s: float = 0.0
-    preemption_mode: str = "recompute"  # recompute: drop the KV | swap: move it to host pages, bring it back
-    num_host_pages: int = 0  # swap: host pool size in pages; a victim that does not fit is recomputed
-    enable_prefix_caching: bool = False  # reuse full KV pages of identical prefixes (chained page hashes)
-
-    def __post_init__(self):
-        for name in ("max_num_seqs", "max_num_batched_tokens", "page_size", "num_pages", "max_model_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.preemption_mode not in ("recompute", "swap"):
-            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
-        if self.num_host_pages < 0:
-            raise ValueError(f"num_host_pages must be >= 0, got {self.num_host_pages}")
-
-
-def pages_for(num_tokens: int, page_size: int) -> int:
-    return -(-num_tokens // page_size)
+__all__ = ["ReadOnlyScheduler", "Scheduler", "SchedulerConfig", "pages_for"]
 
 
 @dataclasses.dataclass(slots=True)
@@ -93,6 +64,7 @@ class Scheduler:
         )
         self.policy.attach(ReadOnlyScheduler(self))
         self.pool = PagePool(config.num_pages, enable_caching=config.enable_prefix_caching)
+        self._window = config.sliding_window if config.evict_outside_window else None
         swap = config.preemption_mode == "swap" and config.num_host_pages > 0
         self.host_pool = PagePool(config.num_host_pages) if swap else None
         self.waiting: list[Request] = []
@@ -120,10 +92,11 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def can_ever_fit(self, num_tokens: int) -> bool:
-        return (
-            num_tokens <= self.config.max_model_len
-            and pages_for(num_tokens, self.config.page_size) <= self.config.num_pages
-        )
+        cfg = self.config
+        pages = pages_for(num_tokens, cfg.page_size)
+        if self._window is not None:  # never more than a window and a full step's chunk
+            pages = min(pages, pages_for(self._window + cfg.max_num_batched_tokens - 1, cfg.page_size) + 1)
+        return num_tokens <= cfg.max_model_len and pages <= cfg.num_pages
 
     def next_event_time(self) -> float | None:
         """When the policy will admit although no request arrives or finishes (a static batch's timeout)."""
@@ -138,6 +111,9 @@ class Scheduler:
         """Walk the policy's ranking: each request gets its next chunk while the token budget and the slots last,
         making room (preempting lower-ranked requests) where the policy allows it."""
         now = self.clock.now()
+        if self._window is not None:
+            for req in self.running:
+                self._drop_outside_window(req)
         step = _Step(
             SchedulerOutput([], 0, [], now),
             self.config.max_num_batched_tokens,
@@ -246,9 +222,9 @@ class Scheduler:
         G = self.config.page_size
         hits: list[int] = []
         if req.pages:  # running: extend
-            computed, have = req.num_computed_tokens, len(req.pages)
+            computed, have = req.num_computed_tokens, req.num_dropped_pages + len(req.pages)
         elif req.host_pages:  # swapped out: its pages come back from host
-            computed, have = req.num_computed_tokens, len(req.host_pages)
+            computed, have = req.num_computed_tokens, req.num_dropped_pages + len(req.host_pages)
         else:  # fresh, recomputing, or admitted in a static batch and not started: the prefix cache may help
             hits = self._lookup(req)
             computed, have = len(hits) * G, len(hits)
@@ -257,8 +233,10 @@ class Scheduler:
             return None
         total = pages_for(computed + n, G)
         if self.policy.reserve_to_completion and not req.pages:
-            lifetime = min(req.num_prompt_tokens + req.params.max_tokens, self.config.max_model_len)
-            total = max(total, pages_for(lifetime, G))
+            lifetime = pages_for(min(req.num_prompt_tokens + req.params.max_tokens, self.config.max_model_len), G)
+            if self._window is not None:  # what it holds at most once decoding, not what it passes through
+                lifetime = min(lifetime, pages_for(self._window, G) + 1)
+            total = max(total, lifetime)
         revived = sum(1 for p in hits if self.pool.refcount(p) == 0)
         swapped_in = len(req.host_pages) if not req.pages else 0
         return _Placement(computed, n, hits, max(0, total - have), revived, swapped_in)
@@ -325,7 +303,7 @@ class Scheduler:
         # Without device pages (admitted in a static batch, not placed yet) it holds nothing to move or drop: a
         # swapped-out request keeps its host pages.
         if req.pages:
-            k = pages_for(req.num_computed_tokens, self.config.page_size)
+            k = pages_for(req.num_computed_tokens, self.config.page_size) - req.num_dropped_pages  # held, computed
             host = self.host_pool
             if host is not None and k > 0 and host.can_allocate(k):
                 req.host_pages = host.allocate(k)
@@ -334,6 +312,7 @@ class Scheduler:
             else:
                 self.num_recomputed_tokens += req.num_computed_tokens
                 req.num_computed_tokens = 0
+                req.num_dropped_pages = 0
             self.pool.free(req.pages)
             req.pages = []
         req.num_registered_pages = 0
@@ -384,8 +363,9 @@ class Scheduler:
         full = req.num_computed_tokens // G
         if full > req.num_registered_pages:
             chain_hashes(req.all_token_ids, G, req.page_hashes, upto=full * G)
-            for i in range(req.num_registered_pages, full):
-                self.pool.register(req.pages[i], req.page_hashes[i])
+            # Pages already dropped (outside a sliding window) are gone: nothing to offer.
+            for i in range(max(req.num_registered_pages, req.num_dropped_pages), full):
+                self.pool.register(req.pages[i - req.num_dropped_pages], req.page_hashes[i])
             req.num_registered_pages = full
 
     def _stop_reason(self, req: Request, i: int, eos_token_id: int | None) -> FinishReason | None:
@@ -396,6 +376,18 @@ class Scheduler:
         if i + 1 >= p.max_tokens or req.num_prompt_tokens + i + 1 >= self.config.max_model_len:
             return FinishReason.LENGTH
         return None
+
+    def _drop_outside_window(self, req: Request) -> None:
+        """Free the request's leading pages that hold only positions its next queries cannot read (the next query
+        is at position num_computed_tokens and reads positions > it - window). Pages already in the prefix cache
+        stay findable there until evicted."""
+        G = self.config.page_size
+        first_read = max(0, req.num_computed_tokens - self._window + 1) // G  # logical page of the oldest readable
+        k = min(first_read - req.num_dropped_pages, len(req.pages))
+        if k > 0:
+            self.pool.free(req.pages[:k])
+            del req.pages[:k]
+            req.num_dropped_pages += k
 
     def _finish(self, req: Request, reason: FinishReason, now: float | None = None) -> None:
         self.pool.free(req.pages)

@@ -84,6 +84,10 @@ NAMED_CONFIGS: dict[str, ModelConfig] = {
 }
 
 
+# llama-tiny with Mistral's sliding-window attention (window 128): the sliding-window experiments.
+NAMED_CONFIGS["mistral-tiny"] = NAMED_CONFIGS["llama-tiny"].replace(sliding_window=128)
+
+
 def get_model_config(name: str) -> ModelConfig:
     try:
         return NAMED_CONFIGS[name]

@@ -109,7 +109,7 @@ def pack_step(
     T = buckets.token_bucket(out.num_batched_tokens)
     inp = empty_step_input(T, buckets.slots(T), buckets.pages_per_seq, pad_page, G)
     tokens: list[int] = []
-    starts, lens, pending, params, counters, pages, num_pages = [], [], [], [], [], [], []
+    starts, lens, pending, params, counters, pages, num_pages, dropped = [], [], [], [], [], [], [], []
     for j in order:
         s = seqs[j]
         r = s.request
@@ -122,6 +122,7 @@ def pack_step(
         lens.append(k)
         pages += r.pages
         num_pages.append(len(r.pages))
+        dropped.append(r.num_dropped_pages)
         params.append(r.params)
         counters.append((r.seed, c + k - r.num_prompt_tokens))  # the index of the output this slot samples
     total = len(tokens)
@@ -130,7 +131,10 @@ def pack_step(
     seq_of_token = np.repeat(np.arange(n, dtype=np.int32), q_lens)
     positions = np.arange(total, dtype=np.int32) + np.repeat(np.asarray(starts, np.int32) - (cu - q_lens), q_lens)
     pt = inp.page_indices
-    pt[:n][np.arange(pt.shape[1]) < np.asarray(num_pages)[:, None]] = pages  # row-major: each row's pages in order
+    # Row-major: each row's pages in order, from the column of its first held page (pages a sliding window has
+    # dropped keep the pad page: attention never reads them).
+    first, cols = np.asarray(dropped)[:, None], np.arange(pt.shape[1])
+    pt[:n][(cols >= first) & (cols < first + np.asarray(num_pages)[:, None])] = pages
     inp.token_ids[:total] = tokens
     inp.positions[:total] = positions
     inp.slot_mapping[:total] = pt[seq_of_token, positions // G] * G + positions % G

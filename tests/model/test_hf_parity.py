@@ -19,16 +19,8 @@ import jax.numpy as jnp  # noqa: E402
 
 from cbjax import LLM, SamplingParams  # noqa: E402
 from cbjax.model.hf_loader import load_hf_model  # noqa: E402
+from tests.model.hf_models import TINY, random_hf_model  # noqa: E402
 
-TINY = dict(
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=128,
-)
 ARCHS = {
     # Llama-3 rope scaling with a short original context, so every frequency band (scaled, smoothed, kept) is used.
     "llama": (
@@ -58,15 +50,7 @@ ENGINE = dict(max_num_seqs=4, max_num_batched_tokens=32, page_size=8, num_pages=
 
 def _hf_model(arch: str):
     cfg_cls, model_cls, extra = ARCHS[arch]
-    config = getattr(transformers, cfg_cls)(**TINY, **extra, attn_implementation="eager")
-    torch.manual_seed(0)
-    model = getattr(transformers, model_cls)(config).eval()
-    # HF's init leaves biases at 0 and norm gains at 1, which would not test that they are loaded. Randomise
-    # everything, and widely (std 0.2), so greedy argmaxes have clear margins over float32 rounding.
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(1 + 0.2 * torch.randn_like(p) if "norm" in name else 0.2 * torch.randn_like(p))
-    return model
+    return random_hf_model(cfg_cls, model_cls, **extra)
 
 
 _SAVED = {}

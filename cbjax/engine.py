@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 import jax
+from flax import nnx
 
 from cbjax.core import validation as check
 from cbjax.core.clock import Clock, RealClock
@@ -22,6 +23,7 @@ from cbjax.engine_config import EngineConfig
 from cbjax.model.config import ModelConfig, get_model_config
 from cbjax.model.hf_loader import load_hf_model
 from cbjax.model.llama import Llama, init_model, kv_cache_bytes_per_page
+from cbjax.model.quantize import quantize_model
 from cbjax.model.registry import resolve_checkpoint
 from cbjax.model.tokenizer import Tokenizer
 from cbjax.runner.compile_cache import configure_compilation_cache
@@ -47,6 +49,9 @@ class LLMEngine:
         # First: building the model may compile too.
         self.compilation_cache_dir = configure_compilation_cache(cfg.compilation_cache)
         self.model, self.tokenizer = self._load_model(model, cfg)
+        if cfg.quantization is not None:
+            # A new module over the same arrays: a Llama the caller passed in stays as it was.
+            self.model = quantize_model(nnx.merge(*nnx.split(self.model)), cfg.quantization)
         mcfg = self.model.cfg
         self.model_config = mcfg
         max_model_len = cfg.max_model_len or mcfg.max_position_embeddings

@@ -10,6 +10,7 @@ from cbjax.core import validation as check
 from cbjax.core.policies import POLICIES, make_policy
 
 DTYPES = ("float32", "bfloat16", "float16")
+QUANTIZATIONS = ("int8",)  # cbjax.model.quantize.QUANTIZATIONS
 ATTENTION_BACKENDS = ("auto", "pallas", "xla")  # kernels_pallas.dispatch.BACKENDS
 WARMUP_MODES = ("background", "full", "none")  # cbjax.runner.model_runner.WARMUP_MODES
 PREEMPTION_MODES = ("recompute", "swap")
@@ -27,6 +28,8 @@ class EngineConfig:
     max_model_len: int | None = None  # prompt + output tokens; None: the model's max_position_embeddings
     dtype: str | None = None  # parameter / activation dtype; None: the model config's
     matmul_dtype: str | None = None  # the linear layers' weights and matmul inputs (ModelConfig.matmul_dtype)
+    # "int8": weight-only int8 linears and LM head, one scale per output channel (cbjax/model/quantize.py); None: off.
+    quantization: str | None = None
     seed: int = 0  # model init (random models) and the default per-request sampling seeds
     attention_backend: str = "auto"  # auto | pallas | xla (auto: pallas on TPU/GPU, xla on CPU)
     pallas_interpret: bool = False  # run Pallas kernels in interpret mode (CPU tests)
@@ -67,6 +70,7 @@ class EngineConfig:
             max_model_len=check.optional_integer("max_model_len", self.max_model_len, 1),
             dtype=check.choice("dtype", self.dtype, (None, *DTYPES)),
             matmul_dtype=check.choice("matmul_dtype", self.matmul_dtype, (None, *DTYPES)),
+            quantization=check.choice("quantization", self.quantization, (None, *QUANTIZATIONS)),
             seed=check.integer("seed", self.seed, 0, 2**32 - 1),
             attention_backend=check.choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS),
             pallas_interpret=check.boolean("pallas_interpret", self.pallas_interpret),

@@ -38,11 +38,18 @@ class LLMEngine:
     `model` is a named config ("llama-tiny", "llama-small", "test-tiny"), a ModelConfig, a Llama instance, a Hugging
     Face checkpoint directory (config.json + safetensors [+ tokenizer.json]), a packaged model's name ("tinypy",
     "tinypy-draft"), or None for the packaged default. With a tokenizer, prompts may be text (`self.tokenizer`).
-    Engine options are EngineConfig's fields as keywords.
+    Engine options are EngineConfig's fields as keywords. `device` places the engine's parameters, KV pages and
+    programs on that device (default: jax's first); a data-parallel engine (cbjax/data_parallel.py) gives each of
+    its replicas one.
     """
 
     def __init__(
-        self, model: "str | ModelConfig | Llama | None" = "llama-tiny", *, clock: Clock | None = None, **options
+        self,
+        model: "str | ModelConfig | Llama | None" = "llama-tiny",
+        *,
+        clock: Clock | None = None,
+        device: "jax.Device | None" = None,
+        **options,
     ):
         cfg = EngineConfig.from_options(options)  # every option checked before anything is loaded or compiled
         self.clock = clock or RealClock()
@@ -112,6 +119,7 @@ class LLMEngine:
             program_cache_dir=None
             if self.compilation_cache_dir is None
             else os.path.join(self.compilation_cache_dir, "cbjax-programs"),
+            device=device,
         )
         mode = {True: "full", False: "none"}.get(cfg.warmup, cfg.warmup)
         self.warmup_s = self.runner.warmup(mode)

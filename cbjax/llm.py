@@ -10,13 +10,19 @@ from cbjax.engine import LLMEngine
 
 
 class LLM:
-    """Offline batch generation on one engine. Options are LLMEngine's keywords (policy, max_num_seqs, ...).
+    """Offline batch generation on one engine. Options are LLMEngine's keywords (policy, max_num_seqs, ...);
+    `data_parallel_size` > 1 serves with that many replicas behind a router (cbjax/data_parallel.py).
 
     `model` is anything LLMEngine takes; None (the default) is the packaged model (cbjax/assets, nothing downloaded).
     """
 
-    def __init__(self, model=None, **engine_options):
-        self.engine = LLMEngine(model, **engine_options)
+    def __init__(self, model=None, *, data_parallel_size: int = 1, **engine_options):
+        if check.integer("data_parallel_size", data_parallel_size, 1) == 1:
+            self.engine = LLMEngine(model, **engine_options)
+        else:  # replicas behind a router; router= and router_options= go with it (cbjax/data_parallel.py)
+            from cbjax.data_parallel import DataParallelEngine
+
+            self.engine = DataParallelEngine(model, data_parallel_size=data_parallel_size, **engine_options)
         self._counter = 0
 
     @classmethod

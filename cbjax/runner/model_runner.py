@@ -120,13 +120,19 @@ class ModelRunner:
         num_host_pages: int = 0,
         swap_pages_per_call: int = kv_swap.MAX_PAGES_PER_CALL,
         program_cache_dir: str | None = None,
+        device: "jax.Device | None" = None,
     ):
         cfg = model.cfg
+        # The device this runner's parameters, KV pages and programs live on (None: jax's default). Replicas of a
+        # data-parallel engine each get their own.
+        self.device = device
+        put = (lambda x: x) if device is None else (lambda x: jax.device_put(x, device))
         self.cfg = cfg
         self.model = model
         graphdef, state = nnx.split(model)
         # Flattened once: flattening an nnx.State sorts its keys, which cost ~1 ms per step on the host.
         self.params, treedef = jax.tree.flatten(state)
+        self.params = put(self.params)
         self.graphdef = _intern((graphdef, treedef))
         self.buckets = buckets
         self.page_size = page_size
@@ -136,7 +142,7 @@ class ModelRunner:
         self.interpret = interpret
         shape = (cfg.num_kv_heads, num_pages + 1, page_size, cfg.dim_per_head)
         dt = jnp.dtype(cfg.dtype)
-        self.kv_caches = [(jnp.zeros(shape, dt), jnp.zeros(shape, dt)) for _ in range(cfg.num_layers)]
+        self.kv_caches = put([(jnp.zeros(shape, dt), jnp.zeros(shape, dt)) for _ in range(cfg.num_layers)])
         if num_host_pages < 0:
             raise ValueError(f"num_host_pages must be >= 0, got {num_host_pages}")
         self.num_host_pages = num_host_pages
@@ -157,15 +163,20 @@ class ModelRunner:
         self.compiles = CompileCounter()  # programs this runner's calls compiled (warmup included)
         # Abstract values of the step's array arguments: programs are lowered from these, never from the live
         # caches (the serving thread donates those while a background thread builds).
-        self._avals = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (self.params, self.kv_caches))
+        sharding = None if device is None else jax.sharding.SingleDeviceSharding(device)
+        self._avals = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), (self.params, self.kv_caches)
+        )
         self.programs = StepPrograms(buckets.token_buckets, self._build_program, self._program_key, self.compiles)
         # Compiled step programs saved on disk for the next process (None: off).
-        self.program_cache = None if program_cache_dir is None else ProgramCache(program_cache_dir)
+        # (Not for a runner on another device than the default: a serialized program keeps its device assignment.)
+        on_default = device is None or device == jax.devices()[0]
+        self.program_cache = None if program_cache_dir is None or not on_default else ProgramCache(program_cache_dir)
         self.swap_out_bytes_total = 0
         self.swap_in_bytes_total = 0
         # The last dispatched step's sampled tokens, on the device, and each of its requests' slot: the next step
         # reads its pending tokens from there.
-        self._prev_tokens = jnp.zeros(buckets.max_num_seqs, jnp.int32)
+        self._prev_tokens = put(jnp.zeros(buckets.max_num_seqs, jnp.int32))
         self._prev_slot_of: dict = {}
         self.last_step: StepHandle | None = None  # the last dispatched step
 
@@ -188,6 +199,7 @@ class ModelRunner:
             self.backend,
             decode,
             self.interpret,
+            None if self.device is None else self.device.id,
             shapes,
             T,
             b.slots(T),
@@ -200,11 +212,11 @@ class ModelRunner:
         b = self.buckets
         inp = empty_step_input(T, b.slots(T), b.pages_per_seq, self.pad_page, self.page_size)
         params, kv_caches = self._avals
-        prev = jax.ShapeDtypeStruct((b.max_num_seqs,), jnp.int32)
+        prev = jax.ShapeDtypeStruct((b.max_num_seqs,), jnp.int32, sharding=self._avals[0][0].sharding)
         trees = jax.tree.structure(((params, kv_caches, inp, prev), {})), jax.tree.structure((prev, kv_caches))
         description = ("step", repr(self.cfg), self._program_key(T)[1:])
         if self.program_cache is not None:
-            program = self.program_cache.load(description, *trees)
+            program = self.program_cache.load(description, *trees, device=self.device)
             if program is not None:
                 self.compiles.count_loaded()
                 return program

@@ -62,15 +62,21 @@ class ProgramCache:
         digest = hashlib.sha256(repr((_environment(), description)).encode()).hexdigest()[:32]
         return os.path.join(self.directory, f"{digest}.bin")
 
-    def load(self, description: tuple, in_tree, out_tree):
-        """The compiled program saved under `description`, or None."""
+    def load(self, description: tuple, in_tree, out_tree, device=None):
+        """The compiled program saved under `description`, or None. It runs on `device` (default: jax's first).
+
+        (Without naming its device, a single-device program loads as one for every local device, and on a host
+        with several (a multi-chip TPU VM, fake CPU devices) its first call fails: "Expected ... 2 shards".)"""
         path = self.path(description)
         if not os.path.isfile(path):
             return None
         from jax.experimental.serialize_executable import deserialize_and_load
 
         try:
-            program = deserialize_and_load(pathlib.Path(path).read_bytes(), in_tree, out_tree)
+            devices = [device if device is not None else jax.devices()[0]]
+            program = deserialize_and_load(
+                pathlib.Path(path).read_bytes(), in_tree, out_tree, execution_devices=devices
+            )
         except Exception:  # written by an incompatible build, or truncated: compile instead
             return None
         os.utime(path)  # recently used: evicted last

@@ -57,8 +57,10 @@ print(json.dumps(dict(compiles=c.num_compiles, cache_hits=c.num_cache_hits, load
 """
 
 
-def _run(cache_dir) -> tuple[dict, str]:
+def _run(cache_dir, num_devices: int = 1) -> tuple[dict, str]:
     env = {"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu", "CBJAX_COMPILATION_CACHE": str(cache_dir)}
+    if num_devices > 1:
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={num_devices}"
     r = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, cwd=ROOT, env=env)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
@@ -70,6 +72,14 @@ def test_a_second_process_loads_every_step_program_from_the_cache(tmp_path):
     assert cold["compiles"] == cold["buckets"] and cold["cache_hits"] == 0 and cold["loaded"] == 0
     warm, _ = _run(tmp_path)
     assert warm["loaded"] == warm["buckets"] and warm["compiles"] == 0  # no trace, no compile
+
+
+def test_saved_programs_load_on_a_host_with_several_devices(tmp_path):
+    """A single-device program loaded without naming its device became one for every local device, and its first
+    call failed ("Expected ... 2 shards") on multi-chip hosts (found with fake CPU devices)."""
+    _run(tmp_path, num_devices=2)
+    warm, _ = _run(tmp_path, num_devices=2)  # the script's steps run on the loaded programs
+    assert warm["loaded"] == warm["buckets"] and warm["compiles"] == 0
 
 
 def test_without_saved_programs_jax_persistent_cache_serves_the_compiles(tmp_path):

@@ -28,6 +28,7 @@ from cbjax.model.registry import resolve_checkpoint
 from cbjax.model.tokenizer import Tokenizer
 from cbjax.runner.compile_cache import configure_compilation_cache
 from cbjax.runner.model_runner import ModelRunner, StepHandle
+from cbjax.runner.sharding import make_mesh
 from cbjax.runner.step_input import BucketTable
 from kernels_pallas.dispatch import resolve_backend
 
@@ -120,6 +121,7 @@ class LLMEngine:
             if self.compilation_cache_dir is None
             else os.path.join(self.compilation_cache_dir, "cbjax-programs"),
             device=device,
+            mesh=None if cfg.tensor_parallel_size == 1 else make_mesh(cfg.tensor_parallel_size),
         )
         mode = {True: "full", False: "none"}.get(cfg.warmup, cfg.warmup)
         self.warmup_s = self.runner.warmup(mode)

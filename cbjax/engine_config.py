@@ -31,6 +31,8 @@ class EngineConfig:
     # "int8": weight-only int8 linears and LM head, one scale per output channel (cbjax/model/quantize.py); None: off.
     quantization: str | None = None
     seed: int = 0  # model init (random models) and the default per-request sampling seeds
+    # Tensor parallelism: parameters and KV heads split over this many devices (cbjax/runner/sharding.py).
+    tensor_parallel_size: int = 1
     attention_backend: str = "auto"  # auto | pallas | xla (auto: pallas on TPU/GPU, xla on CPU)
     pallas_interpret: bool = False  # run Pallas kernels in interpret mode (CPU tests)
     enable_chunked_prefill: bool = True
@@ -72,6 +74,7 @@ class EngineConfig:
             matmul_dtype=check.choice("matmul_dtype", self.matmul_dtype, (None, *DTYPES)),
             quantization=check.choice("quantization", self.quantization, (None, *QUANTIZATIONS)),
             seed=check.integer("seed", self.seed, 0, 2**32 - 1),
+            tensor_parallel_size=check.integer("tensor_parallel_size", self.tensor_parallel_size, 1),
             attention_backend=check.choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS),
             pallas_interpret=check.boolean("pallas_interpret", self.pallas_interpret),
             enable_chunked_prefill=check.boolean("enable_chunked_prefill", self.enable_chunked_prefill),

@@ -35,8 +35,31 @@ def ragged_attention(
     soft_cap=None,
     backend: str = "auto",
     interpret: bool = False,
+    mesh=None,
 ):
-    """Attention of a flat mixed batch over the paged cache; see xla_attention.py for the contract."""
+    """Attention of a flat mixed batch over the paged cache; see xla_attention.py for the contract.
+
+    `mesh`: with a "model" axis that divides the kv heads, the heads are split over it and each device attends
+    with its own (q heads n with kv head n // (N / K) stay together: both are split in contiguous blocks); every
+    backend then runs per shard, unchanged."""
+    if mesh is not None and mesh.shape.get("model", 1) > 1 and k_pages.shape[0] % mesh.shape["model"] == 0:
+        from jax.sharding import PartitionSpec as P
+
+        def per_shard(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs):
+            return ragged_attention(
+                q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
+                sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap, backend=backend,
+                interpret=interpret,
+            )  # fmt: skip
+
+        heads = P(None, "model", None)
+        return jax.shard_map(
+            per_shard,
+            mesh=mesh,
+            in_specs=(heads, P("model"), P("model"), P(), P(), P(), P()),
+            out_specs=heads,
+            check_vma=False,
+        )(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
     backend = resolve_backend(backend)
     kw = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
     if backend == "xla":

@@ -70,3 +70,23 @@ def drain(engine) -> dict:
             if out.finished:
                 done[out.request_id] = out
     return done
+
+
+def run_on_fake_devices(script: str, num_devices: int, timeout: int = 900) -> dict:
+    """Run `script` in a fresh Python with `num_devices` fake CPU devices (the count is fixed when jax starts);
+    it prints one line "REPORT <json>", returned parsed."""
+    import json
+    import subprocess
+    import sys
+
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={num_devices}",
+        "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.split("REPORT ", 1)[1])

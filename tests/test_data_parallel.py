@@ -1,18 +1,13 @@
 """Data parallelism: routers (pure Python), and DataParallelEngine's replicas on fake CPU devices producing the
 tokens one engine produces, each on its own device, with no page leak and nothing compiled after warmup."""
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
 from cbjax import LLM, SamplingParams
 from cbjax.core.routers import LeastLoadRouter, PrefixAffinityRouter, RoundRobinRouter, make_router
 from cbjax.data_parallel import DataParallelEngine
 from cbjax.model import get_model_config, init_model
-from tests.helpers import ROOT, drain
+from tests.helpers import drain, run_on_fake_devices
 
 OPTS = dict(max_num_seqs=4, max_num_batched_tokens=32, page_size=8, num_pages=40, max_model_len=96)
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -105,17 +100,7 @@ print("REPORT " + json.dumps(report))
 
 
 def test_replicas_on_two_fake_devices_generate_one_engines_tokens():
-    env = {
-        **os.environ,
-        "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
-        "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-    }
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT.format(opts=OPTS)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout.split("REPORT ", 1)[1])
+    report = run_on_fake_devices(SCRIPT.format(opts=OPTS), 2)
     for router, r in report.items():
         assert r["same"], router  # greedy tokens equal one engine's, token for token
         assert r["param_devices"] == [[0], [1]] and r["kv_devices"] == [[0], [1]], router

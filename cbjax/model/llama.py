@@ -82,8 +82,9 @@ class Attention(nnx.Module):
         inv_freq = inv_frequencies(H, cfg.rope_theta, cfg.rope_scaling)
         return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
 
-    def __call__(self, x, positions, k_pages, v_pages, md: AttentionMetadata, backend: str, interpret: bool):
-        """x [T, D] -> [T, D]; k_pages, v_pages [K, P, G, H] updated with this step's tokens."""
+    def __call__(self, x, positions, k_pages, v_pages, md: AttentionMetadata, backend: str, interpret: bool, mesh=None):
+        """x [T, D] -> [T, D]; k_pages, v_pages [K, P, G, H] updated with this step's tokens. `mesh`: tensor
+        parallelism (attention split by kv heads, see kernels_pallas.dispatch)."""
         T = x.shape[0]
         q, k, v = self._qkv(x, positions)
         Kh, P, G, H = k_pages.shape
@@ -111,6 +112,7 @@ class Attention(nnx.Module):
             sliding_window=self.cfg.sliding_window,
             backend=backend,
             interpret=interpret,
+            mesh=mesh,
         )
         return self.o_proj(out.reshape(T, -1)), k_pages, v_pages
 
@@ -170,13 +172,22 @@ class Llama(nnx.Module):
             self.lm_head = _linear(cfg, cfg.hidden_size, cfg.vocab_size, rngs)
 
     def __call__(
-        self, tokens, positions, kv_caches, md: AttentionMetadata, backend: str = "xla", interpret: bool = False
+        self,
+        tokens,
+        positions,
+        kv_caches,
+        md: AttentionMetadata,
+        backend: str = "xla",
+        interpret: bool = False,
+        mesh=None,
     ):
         """Serving forward: tokens, positions [T] -> final hidden states [T, D] and the updated caches."""
         x = self.embed(tokens)
         new_caches = []
         for layer, (k_pages, v_pages) in zip(self.layers, kv_caches):
-            h, k_pages, v_pages = layer.attn(layer.input_norm(x), positions, k_pages, v_pages, md, backend, interpret)
+            h, k_pages, v_pages = layer.attn(
+                layer.input_norm(x), positions, k_pages, v_pages, md, backend, interpret, mesh
+            )
             x = x + h
             x = x + layer.mlp(layer.post_attn_norm(x))
             new_caches.append((k_pages, v_pages))

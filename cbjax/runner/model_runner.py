@@ -8,10 +8,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from cbjax.core.scheduler_output import SchedulerOutput
 from cbjax.model.llama import AttentionMetadata, Llama
-from cbjax.runner import kv_swap
+from cbjax.runner import kv_swap, sharding
 from cbjax.runner.compile_counter import CompileCounter
 from cbjax.runner.program_cache import ProgramCache
 from cbjax.runner.sampler import sample
@@ -49,15 +50,17 @@ def _intern(value) -> _Static:
     return _INTERNED.setdefault(value, _Static(value))
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "backend", "interpret"), donate_argnames=("kv_caches",))
-def _step(params, kv_caches, inp: StepInput, prev_tokens, *, graphdef, backend: str, interpret: bool):
+@functools.partial(
+    jax.jit, static_argnames=("graphdef", "backend", "interpret", "mesh"), donate_argnames=("kv_caches",)
+)
+def _step(params, kv_caches, inp: StepInput, prev_tokens, *, graphdef, backend: str, interpret: bool, mesh=None):
     """params: the model state's leaves; graphdef: interned (GraphDef, state treedef); prev_tokens: the previous
     step's sampled tokens [max_num_seqs], still on the device. Returns this step's, padded the same way."""
     module_def, treedef = graphdef.value
     model = nnx.merge(module_def, jax.tree.unflatten(treedef, params))
     token_ids = jnp.where(inp.token_src >= 0, prev_tokens[jnp.maximum(inp.token_src, 0)], inp.token_ids)
     md = AttentionMetadata(inp.slot_mapping, inp.kv_lens, inp.page_indices, inp.cu_q_lens, inp.num_seqs)
-    hidden, kv_caches = model(token_ids, inp.positions, kv_caches, md, backend, interpret)
+    hidden, kv_caches = model(token_ids, inp.positions, kv_caches, md, backend, interpret, mesh)
     tokens = _head_and_sample(model, hidden, inp)
     return jnp.zeros_like(prev_tokens).at[: tokens.shape[0]].set(tokens), kv_caches
 
@@ -121,18 +124,28 @@ class ModelRunner:
         swap_pages_per_call: int = kv_swap.MAX_PAGES_PER_CALL,
         program_cache_dir: str | None = None,
         device: "jax.Device | None" = None,
+        mesh: "jax.sharding.Mesh | None" = None,
     ):
         cfg = model.cfg
         # The device this runner's parameters, KV pages and programs live on (None: jax's default). Replicas of a
-        # data-parallel engine each get their own.
-        self.device = device
-        put = (lambda x: x) if device is None else (lambda x: jax.device_put(x, device))
+        # data-parallel engine each get their own. Or a ("data", "model") mesh: tensor parallelism (sharding.py).
+        if device is not None and mesh is not None:
+            raise ValueError("a runner takes a device or a mesh, not both")
+        self.device, self.mesh = device, mesh
+        if mesh is not None:
+            replicated = NamedSharding(mesh, PartitionSpec())
+            put = lambda x: jax.device_put(x, replicated)
+        else:
+            put = (lambda x: x) if device is None else (lambda x: jax.device_put(x, device))
         self.cfg = cfg
         self.model = model
         graphdef, state = nnx.split(model)
         # Flattened once: flattening an nnx.State sorts its keys, which cost ~1 ms per step on the host.
-        self.params, treedef = jax.tree.flatten(state)
-        self.params = put(self.params)
+        leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(state)
+        if mesh is not None:
+            self.params = sharding.place_params(leaves_with_paths, mesh)
+        else:
+            self.params = put([leaf for _, leaf in leaves_with_paths])
         self.graphdef = _intern((graphdef, treedef))
         self.buckets = buckets
         self.page_size = page_size
@@ -142,7 +155,13 @@ class ModelRunner:
         self.interpret = interpret
         shape = (cfg.num_kv_heads, num_pages + 1, page_size, cfg.dim_per_head)
         dt = jnp.dtype(cfg.dtype)
-        self.kv_caches = put([(jnp.zeros(shape, dt), jnp.zeros(shape, dt)) for _ in range(cfg.num_layers)])
+        self.kv_caches = [(jnp.zeros(shape, dt), jnp.zeros(shape, dt)) for _ in range(cfg.num_layers)]
+        if mesh is not None:
+            self.kv_caches = jax.device_put(
+                self.kv_caches, NamedSharding(mesh, sharding.kv_spec(cfg.num_kv_heads, mesh))
+            )
+        else:
+            self.kv_caches = put(self.kv_caches)
         if num_host_pages < 0:
             raise ValueError(f"num_host_pages must be >= 0, got {num_host_pages}")
         self.num_host_pages = num_host_pages
@@ -163,14 +182,14 @@ class ModelRunner:
         self.compiles = CompileCounter()  # programs this runner's calls compiled (warmup included)
         # Abstract values of the step's array arguments: programs are lowered from these, never from the live
         # caches (the serving thread donates those while a background thread builds).
-        sharding = None if device is None else jax.sharding.SingleDeviceSharding(device)
         self._avals = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), (self.params, self.kv_caches)
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding if (device or mesh) else None),
+            (self.params, self.kv_caches),
         )
         self.programs = StepPrograms(buckets.token_buckets, self._build_program, self._program_key, self.compiles)
         # Compiled step programs saved on disk for the next process (None: off).
         # (Not for a runner on another device than the default: a serialized program keeps its device assignment.)
-        on_default = device is None or device == jax.devices()[0]
+        on_default = mesh is None and (device is None or device == jax.devices()[0])
         self.program_cache = None if program_cache_dir is None or not on_default else ProgramCache(program_cache_dir)
         self.swap_out_bytes_total = 0
         self.swap_in_bytes_total = 0
@@ -200,6 +219,7 @@ class ModelRunner:
             decode,
             self.interpret,
             None if self.device is None else self.device.id,
+            self.mesh,
             shapes,
             T,
             b.slots(T),
@@ -212,7 +232,10 @@ class ModelRunner:
         b = self.buckets
         inp = empty_step_input(T, b.slots(T), b.pages_per_seq, self.pad_page, self.page_size)
         params, kv_caches = self._avals
-        prev = jax.ShapeDtypeStruct((b.max_num_seqs,), jnp.int32, sharding=self._avals[0][0].sharding)
+        placed = self.device is not None or self.mesh is not None
+        prev = jax.ShapeDtypeStruct(
+            (b.max_num_seqs,), jnp.int32, sharding=self._prev_tokens.sharding if placed else None
+        )
         trees = jax.tree.structure(((params, kv_caches, inp, prev), {})), jax.tree.structure((prev, kv_caches))
         description = ("step", repr(self.cfg), self._program_key(T)[1:])
         if self.program_cache is not None:
@@ -221,7 +244,14 @@ class ModelRunner:
                 self.compiles.count_loaded()
                 return program
         lowered = _step.lower(
-            params, kv_caches, inp, prev, graphdef=self.graphdef, backend=self.backend, interpret=self.interpret
+            params,
+            kv_caches,
+            inp,
+            prev,
+            graphdef=self.graphdef,
+            backend=self.backend,
+            interpret=self.interpret,
+            mesh=self.mesh,
         )
         fresh = CompileCounter()
         with fresh.counting():

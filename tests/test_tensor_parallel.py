@@ -1,0 +1,52 @@
+"""Tensor parallelism on 8 fake CPU devices (a subprocess: the device count is fixed when jax starts): TP 2, 4 and
+8 generate one device's greedy tokens, token for token (every policy at TP 2), with parameters and KV pages really
+split, nothing compiled after warmup and every page back at the end."""
+
+from tests.helpers import run_on_fake_devices
+
+SCRIPT = """
+import json
+import numpy as np
+from cbjax import LLM, LLMEngine
+from cbjax.core.policies import POLICIES
+from cbjax.model import get_model_config, init_model
+from tests.helpers import random_workload
+
+opts = dict(max_num_seqs=4, max_num_batched_tokens=32, page_size=8, num_pages=40, max_model_len=96)
+model = init_model(get_model_config("test-tiny"), seed=0)
+prompts, params = random_workload(10, seed=3, vocab=512, prompt_range=(1, 60), max_tokens_range=(1, 20))
+ref = [o.outputs[0].token_ids for o in LLM(model, **opts).generate(prompts, params)]
+report = {}
+runs = [(tp, "fcfs") for tp in (2, 4, 8)] + [(2, p) for p in sorted(POLICIES) if p != "fcfs"]
+for tp, policy in runs:
+    engine = LLMEngine(model, tensor_parallel_size=tp, policy=policy, warmup="full", **opts)
+    warm = engine.num_compiles
+    got = [o.outputs[0].token_ids for o in LLM.from_engine(engine).generate(prompts, params)]
+    runner = engine.runner
+    qkv = next(p for p in runner.params if p.shape == (64, 128))  # a layer's fused q|k|v kernel
+    k_cache = runner.kv_caches[0][0]
+    report[f"{tp}/{policy}"] = dict(
+        same=got == ref,
+        compiles_after_warmup=engine.num_compiles - warm,
+        free=engine.scheduler.pool.num_free,
+        devices=len(runner.mesh.devices.flat),
+        qkv_shard=list(qkv.addressable_shards[0].data.shape),
+        qkv_devices=len(qkv.devices()),
+        kv_shard=list(k_cache.addressable_shards[0].data.shape),
+        kv_full=list(k_cache.shape),
+    )
+print("REPORT " + json.dumps(report))
+"""
+
+
+def test_tensor_parallel_2_4_8_equal_one_device():
+    report = run_on_fake_devices(SCRIPT, 8)
+    assert len(report) == 14
+    for run, r in report.items():
+        tp = int(run.split("/")[0])
+        assert r["same"], run  # greedy tokens equal one device's
+        assert r["compiles_after_warmup"] == 0 and r["free"] == 40, run
+        assert r["devices"] == tp and r["qkv_devices"] == tp, run
+        assert r["qkv_shard"] == [64, 128 // tp], run  # column-parallel: each device holds 1/tp of the columns
+        # test-tiny has 2 kv heads: split at TP 2, replicated beyond (each device keeps them all)
+        assert r["kv_shard"] == ([1, *r["kv_full"][1:]] if tp == 2 else r["kv_full"]), run

@@ -330,8 +330,8 @@ class LLMEngine:
 
 
 def device_memory_bytes() -> int | None:
-    """What the first device can hold (its allocator's limit; on the CPU backend, the machine's memory)."""
-    device = jax.devices()[0]
+    """What this process's first device can hold (its allocator's limit; on the CPU backend, the machine's memory)."""
+    device = jax.local_devices()[0]
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     if stats and "bytes_limit" in stats:
         return int(stats["bytes_limit"])

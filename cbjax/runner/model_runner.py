@@ -62,7 +62,10 @@ def _step(params, kv_caches, inp: StepInput, prev_tokens, *, graphdef, backend: 
     md = AttentionMetadata(inp.slot_mapping, inp.kv_lens, inp.page_indices, inp.cu_q_lens, inp.num_seqs)
     hidden, kv_caches = model(token_ids, inp.positions, kv_caches, md, backend, interpret, mesh)
     tokens = _head_and_sample(model, hidden, inp)
-    return jnp.zeros_like(prev_tokens).at[: tokens.shape[0]].set(tokens), kv_caches
+    tokens = jnp.zeros_like(prev_tokens).at[: tokens.shape[0]].set(tokens)
+    if mesh is not None:  # every device (and every process) holds all of them: the host reads its own copy
+        tokens = jax.lax.with_sharding_constraint(tokens, NamedSharding(mesh, PartitionSpec()))
+    return tokens, kv_caches
 
 
 # A step's S slots follow its token bucket (S = min(T, max_num_seqs)), but a big prefill step holds few sequences:
@@ -134,7 +137,7 @@ class ModelRunner:
         self.device, self.mesh = device, mesh
         if mesh is not None:
             replicated = NamedSharding(mesh, PartitionSpec())
-            put = lambda x: jax.device_put(x, replicated)
+            put = lambda x: sharding.put_global(x, replicated)
         else:
             put = (lambda x: x) if device is None else (lambda x: jax.device_put(x, device))
         self.cfg = cfg
@@ -155,13 +158,14 @@ class ModelRunner:
         self.interpret = interpret
         shape = (cfg.num_kv_heads, num_pages + 1, page_size, cfg.dim_per_head)
         dt = jnp.dtype(cfg.dtype)
-        self.kv_caches = [(jnp.zeros(shape, dt), jnp.zeros(shape, dt)) for _ in range(cfg.num_layers)]
         if mesh is not None:
-            self.kv_caches = jax.device_put(
-                self.kv_caches, NamedSharding(mesh, sharding.kv_spec(cfg.num_kv_heads, mesh))
-            )
+            kv_sharding = NamedSharding(mesh, sharding.kv_spec(cfg.num_kv_heads, mesh))
+            zeros = lambda: sharding.zeros_global(shape, dt, kv_sharding)
+            self.kv_caches = [(zeros(), zeros()) for _ in range(cfg.num_layers)]
         else:
-            self.kv_caches = put(self.kv_caches)
+            self.kv_caches = put([(jnp.zeros(shape, dt), jnp.zeros(shape, dt)) for _ in range(cfg.num_layers)])
+        # Several processes (multi-host, jax.distributed): the step's host inputs become global arrays too.
+        self._global_inputs = mesh is not None and jax.process_count() > 1
         if num_host_pages < 0:
             raise ValueError(f"num_host_pages must be >= 0, got {num_host_pages}")
         self.num_host_pages = num_host_pages
@@ -205,6 +209,9 @@ class ModelRunner:
 
     def _run(self, inp: StepInput):
         program = self.programs.get(inp.token_ids.shape[0])
+        if self._global_inputs:
+            replicated = NamedSharding(self.mesh, PartitionSpec())
+            inp = jax.tree.map(lambda a: sharding.put_global(a, replicated), inp)
         tokens, self.kv_caches = program(self.params, self.kv_caches, inp, self._prev_tokens)
         return tokens
 
@@ -321,7 +328,7 @@ class ModelRunner:
         if handle.tokens is None:
             return np.empty(0, np.int32)
         t0 = time.perf_counter()
-        host_tokens = np.asarray(handle.tokens)  # the one device -> host copy of the step
+        host_tokens = np.asarray(handle.tokens.addressable_data(0))  # the one device -> host copy of the step
         handle.wait_s = time.perf_counter() - t0
         result = np.empty(len(handle.order), np.int32)
         result[handle.order] = host_tokens[: len(handle.order)]

@@ -65,8 +65,22 @@ def place_params(leaves_with_paths, mesh: Mesh) -> list:
         # DictKey('layers'), SequenceKey(0), ..., GetAttrKey('value') -> ('layers', 0, ..., 'kernel')
         keys = tuple(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))) for k in path)
         keys = tuple(k for k in keys if k != "value")
-        out.append(jax.device_put(leaf, NamedSharding(mesh, param_spec(keys, leaf.shape, size))))
+        out.append(put_global(leaf, NamedSharding(mesh, param_spec(keys, leaf.shape, size))))
     return out
+
+
+def put_global(value, sharding: NamedSharding):
+    """`value` (host or local) as an array laid out by `sharding`, whose mesh may span processes: each process
+    fills only its own devices' shards (multi-host: every process holds the same host value)."""
+    if jax.process_count() == 1:
+        return jax.device_put(value, sharding)
+    host = np.asarray(value)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def zeros_global(shape, dtype, sharding: NamedSharding):
+    """Zeros laid out by `sharding`, made on the devices (no full-size host buffer)."""
+    return jax.jit(lambda: jax.numpy.zeros(shape, dtype), out_shardings=sharding)()
 
 
 def kv_spec(num_kv_heads: int, mesh: Mesh) -> P:

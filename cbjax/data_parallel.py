@@ -118,6 +118,11 @@ class DataParallelEngine:
         return sum(r.num_compiles for r in self.replicas)
 
     @property
+    def warmup_s(self) -> float:
+        """Seconds the replicas' constructors spent building step programs (they share compiled programs)."""
+        return sum(r.warmup_s for r in self.replicas)
+
+    @property
     def step_records(self) -> list[dict]:
         """Every replica's step records, each with its replica's index."""
         return [{**rec, "replica": i} for i, r in enumerate(self.replicas) for rec in r.step_records]

@@ -139,10 +139,11 @@ class LLMEngine:
     def _load_model(model, cfg: EngineConfig) -> "tuple[Llama, Tokenizer | None]":
         if isinstance(model, Llama):
             return model, None
+        sharded = cfg.tensor_parallel_size > 1  # the runner places each shard on its device straight from the host
         checkpoint = resolve_checkpoint(model)
         if checkpoint is not None:
             path, default_dtype = checkpoint
-            model = load_hf_model(path, cfg.dtype or default_dtype, matmul_dtype=cfg.matmul_dtype)
+            model = load_hf_model(path, cfg.dtype or default_dtype, cfg.matmul_dtype, on_host=sharded)
             return model, Tokenizer.from_dir(path)
         mcfg = get_model_config(model) if isinstance(model, str) else model
         if not isinstance(mcfg, ModelConfig):
@@ -151,7 +152,7 @@ class LLMEngine:
             mcfg = mcfg.replace(dtype=cfg.dtype)
         if cfg.matmul_dtype is not None:
             mcfg = mcfg.replace(matmul_dtype=cfg.matmul_dtype)
-        return init_model(mcfg, cfg.seed), None
+        return init_model(mcfg, cfg.seed, on_host=sharded), None
 
     # ---- requests ---------------------------------------------------------------------------------------------
     def add_request(

@@ -34,6 +34,8 @@ flags.DEFINE_string("dtype", "float32", "float32 or bfloat16")
 flags.DEFINE_string("matmul_dtype", None, "bfloat16: bf16 weights and matmul inputs, f32 accumulation")
 flags.DEFINE_string("attention_backend", "auto", "auto | pallas | xla")
 flags.DEFINE_bool("async_scheduling", True, "schedule step n+1 while step n runs")
+flags.DEFINE_integer("tensor_parallel_size", 1, "devices the weights and KV heads are split over (docs/scale.md)")
+flags.DEFINE_integer("data_parallel_size", 1, "engine replicas behind a router (docs/scale.md)")
 flags.DEFINE_integer("repeats", 1, "timed runs on the same engine; wall_s is their median")
 flags.DEFINE_bool("replay_device", False, "time the last run's steps again with no host work (device-only time)")
 flags.DEFINE_string("dump_dir", None, "write the generated token ids to DIR/cbjax.json (for peers/compare.py)")
@@ -82,10 +84,11 @@ def main(argv):
         matmul_dtype=FLAGS.matmul_dtype,
         attention_backend=FLAGS.attention_backend,
         async_scheduling=FLAGS.async_scheduling,
+        tensor_parallel_size=FLAGS.tensor_parallel_size,
         warmup="full",  # every step program built before the timed runs
     )
     t = time.perf_counter()
-    llm = LLM(FLAGS.model, **opts)
+    llm = LLM(FLAGS.model, data_parallel_size=FLAGS.data_parallel_size, **opts)
     setup_s = time.perf_counter() - t
     engine = llm.engine
     prompts = [w["prompt_token_ids"] for w in wl]

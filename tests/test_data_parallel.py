@@ -99,8 +99,8 @@ print("REPORT " + json.dumps(report))
 """
 
 
-def test_replicas_on_two_fake_devices_generate_one_engines_tokens():
-    report = run_on_fake_devices(SCRIPT.format(opts=OPTS), 2)
+def test_two_replicas_on_fake_devices_generate_one_engines_tokens():
+    report = run_on_fake_devices(SCRIPT.format(opts=OPTS), 8)  # replicas on devices 0 and 1 of 8
     for router, r in report.items():
         assert r["same"], router  # greedy tokens equal one engine's, token for token
         assert r["param_devices"] == [[0], [1]] and r["kv_devices"] == [[0], [1]], router

@@ -12,11 +12,25 @@ from cbjax.core.policies import POLICIES
 from cbjax.model import get_model_config, init_model
 from tests.helpers import random_workload
 
+import jax
+
 opts = dict(max_num_seqs=4, max_num_batched_tokens=32, page_size=8, num_pages=40, max_model_len=96)
+report = {}
+# A checkpoint (the packaged tinypy) loads straight into its shards: no device ever holds a whole weight matrix.
+tp_engine = LLMEngine("tinypy", tensor_parallel_size=8, warmup="none", **opts)
+whole = [a.shape for a in jax.live_arrays() if len(a.devices()) == 1 and a.ndim == 2]
+ck_prompts = [[0, 5, 77, 300], [0, 9, 1000, 12, 7]]
+from cbjax import SamplingParams
+sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+report["tinypy"] = dict(
+    whole_matrices_on_one_device=[list(s) for s in whole],
+    same=[o.outputs[0].token_ids for o in LLM.from_engine(tp_engine).generate(ck_prompts, sp)]
+    == [o.outputs[0].token_ids for o in LLM("tinypy", warmup="none", **opts).generate(ck_prompts, sp)],
+)
+del tp_engine
 model = init_model(get_model_config("test-tiny"), seed=0)
 prompts, params = random_workload(10, seed=3, vocab=512, prompt_range=(1, 60), max_tokens_range=(1, 20))
 ref = [o.outputs[0].token_ids for o in LLM(model, **opts).generate(prompts, params)]
-report = {}
 runs = [(tp, "fcfs") for tp in (2, 4, 8)] + [(2, p) for p in sorted(POLICIES) if p != "fcfs"]
 for tp, policy in runs:
     engine = LLMEngine(model, tensor_parallel_size=tp, policy=policy, warmup="full", **opts)
@@ -25,6 +39,10 @@ for tp, policy in runs:
     runner = engine.runner
     qkv = next(p for p in runner.params if p.shape == (64, 128))  # a layer's fused q|k|v kernel
     k_cache = runner.kv_caches[0][0]
+    dev0 = runner.mesh.devices.flat[0]
+    replicated = sum(p.nbytes for p in runner.params if p.sharding.is_fully_replicated)
+    split = sum(p.nbytes for p in runner.params if not p.sharding.is_fully_replicated)
+    on_dev0 = sum(s.data.nbytes for p in runner.params for s in p.addressable_shards if s.device == dev0)
     report[f"{tp}/{policy}"] = dict(
         same=got == ref,
         compiles_after_warmup=engine.num_compiles - warm,
@@ -34,6 +52,9 @@ for tp, policy in runs:
         qkv_devices=len(qkv.devices()),
         kv_shard=list(k_cache.addressable_shards[0].data.shape),
         kv_full=list(k_cache.shape),
+        param_bytes_on_one_device=on_dev0,
+        param_bytes_expected=replicated + split // tp,
+        split_fraction=split / (split + replicated),
     )
 print("REPORT " + json.dumps(report))
 """
@@ -41,6 +62,8 @@ print("REPORT " + json.dumps(report))
 
 def test_tensor_parallel_2_4_8_equal_one_device():
     report = run_on_fake_devices(SCRIPT, 8)
+    tinypy = report.pop("tinypy")
+    assert tinypy["same"] and tinypy["whole_matrices_on_one_device"] == []
     assert len(report) == 14
     for run, r in report.items():
         tp = int(run.split("/")[0])
@@ -48,5 +71,7 @@ def test_tensor_parallel_2_4_8_equal_one_device():
         assert r["compiles_after_warmup"] == 0 and r["free"] == 40, run
         assert r["devices"] == tp and r["qkv_devices"] == tp, run
         assert r["qkv_shard"] == [64, 128 // tp], run  # column-parallel: each device holds 1/tp of the columns
+        # Per-device bytes: 1/tp of every split array plus the replicated ones (norms); most bytes are split.
+        assert r["param_bytes_on_one_device"] == r["param_bytes_expected"] and r["split_fraction"] > 0.9, run
         # test-tiny has 2 kv heads: split at TP 2, replicated beyond (each device keeps them all)
         assert r["kv_shard"] == ([1, *r["kv_full"][1:]] if tp == 2 else r["kv_full"]), run

@@ -288,14 +288,15 @@ def read_hf_config(path: str, dtype: str | None = None) -> ModelConfig:
     return model_config_from_hf(hf, gen, dtype=dtype, where=os.path.join(path, "config.json"))
 
 
-def load_hf_model(path: str, dtype: str | None = None, matmul_dtype: str | None = None) -> Llama:
+def load_hf_model(path: str, dtype: str | None = None, matmul_dtype: str | None = None, on_host: bool = False) -> Llama:
     """A cbjax Llama with the weights of the Hugging Face checkpoint directory `path`, in `dtype` (default: the
-    checkpoint's own dtype; the linear layers in `matmul_dtype` if given, see ModelConfig)."""
+    checkpoint's own dtype; the linear layers in `matmul_dtype` if given, see ModelConfig). `on_host`: the weights
+    stay numpy arrays until a runner places them (shard by shard under tensor parallelism)."""
     cfg = read_hf_config(path, dtype)
     if matmul_dtype is not None:
         cfg = cfg.replace(matmul_dtype=matmul_dtype)
     params = load_hf_params(path, cfg)
-    return build_model(cfg, lambda p, spec: params[p])
+    return build_model(cfg, lambda p, spec: params[p], on_host)
 
 
 def hf_config_dict(cfg: ModelConfig, dtype: str = "bfloat16") -> dict:

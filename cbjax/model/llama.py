@@ -214,17 +214,21 @@ def abstract_model(cfg: ModelConfig) -> Llama:
     return nnx.eval_shape(lambda: Llama(cfg, nnx.Rngs(0)))
 
 
-def build_model(cfg: ModelConfig, value_of: Callable[[tuple, jax.ShapeDtypeStruct], np.ndarray]) -> Llama:
+def build_model(
+    cfg: ModelConfig, value_of: Callable[[tuple, jax.ShapeDtypeStruct], np.ndarray], on_host: bool = False
+) -> Llama:
     """A model whose every parameter is `value_of(path, shape_and_dtype)` (host arrays, cast to the dtype), without
-    running the model's own initialisers."""
+    running the model's own initialisers. `on_host`: keep them as numpy arrays, for a runner that places them shard
+    by shard (tensor parallelism: no device ever holds a whole array it only needs a slice of)."""
     graphdef, state = nnx.split(abstract_model(cfg))
     for path, var in nnx.to_flat_state(state):
         spec = var.get_value()
-        var.set_value(jnp.asarray(np.asarray(value_of(path, spec)).astype(spec.dtype)))
+        host = np.asarray(value_of(path, spec)).astype(spec.dtype)
+        var.set_value(host if on_host else jnp.asarray(host))
     return nnx.merge(graphdef, state)
 
 
-def init_model(cfg: ModelConfig, seed: int = 0) -> Llama:
+def init_model(cfg: ModelConfig, seed: int = 0, on_host: bool = False) -> Llama:
     """A randomly initialised model: kernels and embeddings ~ N(0, initializer_range), norms 1, biases 0.
 
     Drawn with numpy on the host: jax's initialisers compile a program per parameter shape (~2.5 s for
@@ -236,7 +240,7 @@ def init_model(cfg: ModelConfig, seed: int = 0) -> Llama:
             return rng.standard_normal(spec.shape, dtype=np.float32) * np.float32(cfg.initializer_range)
         return np.ones(spec.shape, np.float32) if path[-1] == "weight" else np.zeros(spec.shape, np.float32)
 
-    return build_model(cfg, value_of)
+    return build_model(cfg, value_of, on_host)
 
 
 def kv_cache_bytes_per_page(cfg: ModelConfig, page_size: int, dtype=None) -> int:

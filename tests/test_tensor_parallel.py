@@ -56,12 +56,21 @@ for tp, policy in runs:
         param_bytes_expected=replicated + split // tp,
         split_fraction=split / (split + replicated),
     )
+# The Pallas kernel (interpret mode on CPU) per head shard under shard_map, at TP 2.
+few = random_workload(3, seed=5, vocab=512, prompt_range=(1, 40), max_tokens_range=(1, 5))
+pallas = dict(attention_backend="pallas", pallas_interpret=True, warmup=False)
+engine = LLMEngine(model, tensor_parallel_size=2, **pallas, **opts)
+report["pallas"] = dict(
+    same=[o.outputs[0].token_ids for o in LLM.from_engine(engine).generate(*few)]
+    == [o.outputs[0].token_ids for o in LLM(model, **opts).generate(*few)]
+)
 print("REPORT " + json.dumps(report))
 """
 
 
 def test_tensor_parallel_2_4_8_equal_one_device():
     report = run_on_fake_devices(SCRIPT, 8)
+    assert report.pop("pallas")["same"]  # the Pallas kernel runs per shard too
     tinypy = report.pop("tinypy")
     assert tinypy["same"] and tinypy["whole_matrices_on_one_device"] == []
     assert len(report) == 14

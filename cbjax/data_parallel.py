@@ -98,6 +98,29 @@ class DataParallelEngine:
     def has_unfinished_requests(self) -> bool:
         return any(r.has_unfinished_requests() for r in self.replicas)
 
+    def next_event_time(self) -> float | None:
+        times = [t for r in self.replicas if (t := r.next_event_time()) is not None]
+        return min(times) if times else None
+
+    @property
+    def num_steps(self) -> int:
+        return sum(r.num_steps for r in self.replicas)
+
+    @property
+    def buckets(self):
+        return self.replicas[0].buckets
+
+    @property
+    def after_execute(self):
+        return self.replicas[0].after_execute
+
+    @after_execute.setter
+    def after_execute(self, hook) -> None:
+        # A virtual clock advances after each replica's step: replicas stepped in turn by one thread (and, on fake
+        # devices, sharing the same cores) take the sum of their step times.
+        for r in self.replicas:
+            r.after_execute = hook
+
     def step(self) -> list[RequestOutput]:
         """One step of every replica that has work (each dispatches before it waits for its previous step)."""
         outputs = []

@@ -232,6 +232,10 @@ class LLMEngine:
         self.scheduler.abort(req)
         self._pending.append(req)
 
+    def next_event_time(self) -> float | None:
+        """When the policy will admit although no request arrives or finishes (a static batch's timeout), or None."""
+        return self.scheduler.next_event_time()
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._pending) or bool(self._in_flight)
 

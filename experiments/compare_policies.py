@@ -65,7 +65,8 @@ def entry_plan(cfg, name: str):
 
     variant = _plain((cfg.get("variants") or {}).get(name) or {})
     policy = variant.pop("policy", name)
-    unknown = sorted(set(variant) - {f.name for f in dataclasses.fields(EngineConfig)} - {"policy_options"})
+    known = {f.name for f in dataclasses.fields(EngineConfig)} | {"policy_options", *DATA_PARALLEL_OPTIONS}
+    unknown = sorted(set(variant) - known)
     if unknown:
         raise ValueError(f"config.variants.{name}: unknown engine option(s) {unknown}")
     options = (cfg.get("policy_options") or {}).get(name)
@@ -125,8 +126,10 @@ def resolve_config(cfg):
     model_config = model_config_of(cfg.model)
     for name in names:  # every entry's engine options, as its engine will get them
         plan, overrides = entry_plan(cfg, name)
+        options = {**cfg.engine.to_dict(), **plan.engine_options, **overrides}
         try:
-            EngineConfig.from_options({**cfg.engine.to_dict(), **plan.engine_options, **overrides})
+            check_data_parallel(options)
+            EngineConfig.from_options({k: v for k, v in options.items() if k not in DATA_PARALLEL_OPTIONS})
         except ValueError as e:
             raise ValueError(f"config.engine (entry {name!r}): {e}") from None
     if cfg.workload.vocab_size is None:
@@ -134,6 +137,17 @@ def resolve_config(cfg):
     if cfg.workload.max_model_len is None and cfg.engine.max_model_len is not None:
         cfg.workload.max_model_len = cfg.engine.max_model_len
     return cfg
+
+
+def check_data_parallel(options: dict) -> None:
+    """The data-parallel options of an entry (ValueError naming the problem)."""
+    from cbjax.core import validation as check
+    from cbjax.core.routers import make_router
+
+    if options.get("data_parallel_size") is not None:
+        check.integer("data_parallel_size", options["data_parallel_size"], 1)
+    if options.get("router") is not None or options.get("router_options") is not None:
+        make_router(options.get("router") or "least_load", _plain(options.get("router_options") or {}))
 
 
 def prepare_run(cfg):
@@ -180,6 +194,22 @@ class CtrlC:
             signal.signal(signal.SIGINT, self._previous)
 
 
+# Not engine options: they make a data-parallel engine (cbjax/data_parallel.py) of replicas behind a router.
+DATA_PARALLEL_OPTIONS = ("data_parallel_size", "router", "router_options")
+
+
+def build_engine(model, clock, options: dict):
+    """An LLMEngine, or a DataParallelEngine when the options ask for more than one replica."""
+    from cbjax.data_parallel import DataParallelEngine
+    from cbjax.engine import LLMEngine
+
+    dp = {k: options[k] for k in DATA_PARALLEL_OPTIONS if options.get(k) is not None}
+    engine_options = {k: v for k, v in options.items() if k not in DATA_PARALLEL_OPTIONS}
+    if dp.get("data_parallel_size", 1) == 1 and set(dp) <= {"data_parallel_size"}:
+        return LLMEngine(model, clock=clock, **engine_options)
+    return DataParallelEngine(model, clock=clock, **dp, **engine_options)
+
+
 def run_comparison(cfg, *, workload=None, progress: bool = True, on_step: Callable | None = None) -> Comparison:
     """Run every policy of the (resolved) config on the same workload (None: the config's). Ctrl-C ends it early
     with what was measured.
@@ -190,7 +220,6 @@ def run_comparison(cfg, *, workload=None, progress: bool = True, on_step: Callab
     from cbjax.bench.online import run_online
     from cbjax.bench.workload import make_workload
     from cbjax.core.clock import RealClock, VirtualClock
-    from cbjax.engine import LLMEngine
 
     if workload is None:
         workload = make_workload(cfg.workload)
@@ -209,7 +238,7 @@ def run_comparison(cfg, *, workload=None, progress: bool = True, on_step: Callab
                     options["static_batch_timeout_s"],
                     plan.client,
                 )
-                engine = LLMEngine(cfg.model, clock=clock, **options)
+                engine = build_engine(cfg.model, clock, options)
                 if ctrl_c.pressed:  # while it was being built
                     comp.interrupted = True
                     break

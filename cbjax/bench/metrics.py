@@ -114,6 +114,7 @@ class StepRecord:
     # Prefix cache in this step: context tokens looked up at admission, and those found cached.
     prefix_queried_tokens: int = 0
     prefix_hit_tokens: int = 0
+    replica: int = 0  # data-parallel engines: which replica took the step
 
 
 def percentiles(values: Iterable[float], ps: Sequence[float] = (50, 90, 99)) -> dict[str, float]:

@@ -193,7 +193,7 @@ class _OnlineRun:
             times.append(self.pending[0].arrival_time)
         if self.held:
             times.append(self.held[0].arrival_time + self.client.window_s)
-        policy_time = self.engine.scheduler.next_event_time()
+        policy_time = self.engine.next_event_time()
         if policy_time is not None:
             times.append(policy_time - self.t0)
         if times and self.horizon_s is not None:

@@ -283,3 +283,33 @@ def test_ctrl_c_in_a_real_run_writes_the_results_and_exits_normally(tmp_path):
     manifest = json.loads((tmp_path / "cut" / "manifest.json").read_text())
     assert manifest["interrupted"] is True
     assert (tmp_path / "cut" / "summary.json").is_file()
+
+
+def test_data_parallel_routers_compare_like_policies(tmp_path):
+    argv = [
+        f"--config={TINY}",
+        "--config.policies=fcfs,rr,affinity",
+        "--config.variants={'rr': {'policy': 'fcfs', 'data_parallel_size': 2, 'router': 'round_robin'}, "
+        "'affinity': {'policy': 'fcfs', 'data_parallel_size': 2, 'router': 'prefix_affinity', "
+        "'router_options': {'prefix_tokens': 8}}}",
+    ]
+    cfg = cp.resolve_config(parse(argv))
+    comp = cp.run_comparison(cfg, progress=False)
+    summaries = cp.summaries_of(cfg, comp)
+    for name in ("rr", "affinity"):
+        assert summaries[name]["num_completed"] == 12 and summaries[name]["same_outputs"] == 1.0
+        assert {s.replica for s in comp.results[name].steps} == {0, 1}  # both replicas ran steps
+    assert {s.replica for s in comp.results["fcfs"].steps} == {0}
+    cp.write_results(comp, summaries, str(tmp_path), datetime.datetime.now())
+
+
+@pytest.mark.parametrize(
+    "variant, message",
+    [
+        ("{'v': {'policy': 'fcfs', 'data_parallel_size': 0}}", "data_parallel_size must be an integer >= 1"),
+        ("{'v': {'policy': 'fcfs', 'data_parallel_size': 2, 'router': 'nearest'}}", "router must be one of"),
+    ],
+)
+def test_bad_data_parallel_options_are_refused_before_the_run(variant, message):
+    with pytest.raises(ValueError, match=message):
+        cp.resolve_config(parse([f"--config={TINY}", "--config.policies=v", f"--config.variants={variant}"]))

@@ -15,7 +15,7 @@ from cbjax.bench.workload import make_workload
 from cbjax.core.policies import POLICIES
 from cbjax.engine import EngineConfig
 from cbjax.model.config import get_model_config
-from experiments.compare_policies import resolve_config
+from experiments.compare_policies import DATA_PARALLEL_OPTIONS, resolve_config
 from tests.helpers import ROOT
 from tests.helpers import parse_config as parse
 
@@ -24,7 +24,7 @@ CONFIGS = sorted(
     glob.glob(os.path.join(ROOT, "configs", "compare_*.py"))
     + [
         os.path.join(ROOT, "configs", f)
-        for f in ("policy_zoo.py", "prefix_cache.py", "preemption.py", "sliding_window.py")
+        for f in ("policy_zoo.py", "prefix_cache.py", "preemption.py", "sliding_window.py", "routers.py")
     ]
 )
 ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
@@ -43,8 +43,8 @@ def test_config_fields_are_real(path):
     assert set(cfg.engine) <= ENGINE_FIELDS - {"policy"}  # each policy entry sets the engine's policy
     EngineConfig(policy="fcfs", **cfg.engine)  # every value is acceptable to the engine's config
     assert cfg.policies and all(p in POLICY_NAMES or p in cfg.variants for p in cfg.policies)
-    for variant in cfg.variants.values():
-        EngineConfig(**{**cfg.engine, **variant})
+    for variant in cfg.variants.values():  # (the data-parallel keys build replicas, not an engine option)
+        EngineConfig(**{k: v for k, v in {**cfg.engine, **variant}.items() if k not in DATA_PARALLEL_OPTIONS})
     assert set(cfg.slo) == set(SLO_KEYS)
     assert set(cfg.time_window) == {"window_ms", "max_batch"}
     get_model_config(cfg.model)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 import jax
 
 from cbjax.core import validation as check
-from cbjax.core.clock import Clock, RealClock
+from cbjax.core.clock import Clock, RealClock, VirtualClock
 from cbjax.core.outputs import CompletionOutput, RequestOutput
 from cbjax.core.request import Request
 from cbjax.core.sampling_params import SamplingParams
@@ -22,11 +22,12 @@ from cbjax.engine_config import EngineConfig
 from cbjax.model.config import ModelConfig, get_model_config
 from cbjax.model.hf_loader import load_hf_model
 from cbjax.model.llama import Llama, init_model, kv_cache_bytes_per_page
-from cbjax.model.registry import resolve_checkpoint
+from cbjax.model.registry import model_config_of, resolve_checkpoint
 from cbjax.model.tokenizer import Tokenizer
 from cbjax.runner.compile_cache import configure_compilation_cache
 from cbjax.runner.model_runner import ModelRunner, StepHandle
 from cbjax.runner.step_input import BucketTable
+from cbjax.sim import RooflineCost, SimRunner, load_profile
 from kernels_pallas.dispatch import resolve_backend
 
 
@@ -40,14 +41,30 @@ class LLMEngine:
     """
 
     def __init__(
-        self, model: "str | ModelConfig | Llama | None" = "llama-tiny", *, clock: Clock | None = None, **options
+        self,
+        model: "str | ModelConfig | Llama | None" = "llama-tiny",
+        *,
+        clock: Clock | None = None,
+        cost_model=None,
+        **options,
     ):
+        """`cost_model` (runner="sim" only): a cbjax.sim cost model object, instead of sim_profile/sim_accelerator."""
         cfg = EngineConfig.from_options(options)  # every option checked before anything is loaded or compiled
-        self.clock = clock or RealClock()
-        # First: building the model may compile too.
-        self.compilation_cache_dir = configure_compilation_cache(cfg.compilation_cache)
-        self.model, self.tokenizer = self._load_model(model, cfg)
-        mcfg = self.model.cfg
+        sim = cfg.runner == "sim"
+        if sim:
+            # The simulator: no weights, no compile; the model's shapes only (docs/sim.md).
+            self.clock = VirtualClock() if clock is None else clock
+            self.compilation_cache_dir = None
+            self.model, self.tokenizer, mcfg = None, *self._model_config(model, cfg)
+            cost_model = cost_model if cost_model is not None else sim_cost_model(cfg, mcfg)
+        else:
+            if cost_model is not None:
+                raise ValueError("cost_model is for runner='sim' only")
+            self.clock = clock or RealClock()
+            # First: building the model may compile too.
+            self.compilation_cache_dir = configure_compilation_cache(cfg.compilation_cache)
+            self.model, self.tokenizer = self._load_model(model, cfg)
+            mcfg = self.model.cfg
         self.model_config = mcfg
         max_model_len = cfg.max_model_len or mcfg.max_position_embeddings
         if max_model_len > mcfg.max_position_embeddings:
@@ -56,6 +73,10 @@ class LLMEngine:
                 f"({mcfg.max_position_embeddings}); choose max_model_len <= {mcfg.max_position_embeddings}"
             )
         num_pages = cfg.num_pages
+        if num_pages is None and sim and hasattr(cost_model, "kv_pages"):
+            num_pages = cost_model.kv_pages(cfg.page_size)  # what the accelerator's memory holds after the weights
+            if num_pages < 1:
+                raise ValueError(f"the simulated accelerator's memory holds no KV page after the weights: {cost_model}")
         if num_pages is None:
             page_bytes = kv_cache_bytes_per_page(mcfg, cfg.page_size)
             num_pages = int(cfg.kv_cache_memory_gib * 2**30) // page_bytes
@@ -92,18 +113,7 @@ class LLMEngine:
             ),
             self.clock,
         )
-        self.runner = ModelRunner(
-            self.model,
-            num_pages=num_pages,
-            page_size=cfg.page_size,
-            buckets=self.buckets,
-            backend=resolve_backend(cfg.attention_backend),
-            interpret=cfg.pallas_interpret,
-            num_host_pages=num_host_pages,
-            program_cache_dir=None
-            if self.compilation_cache_dir is None
-            else os.path.join(self.compilation_cache_dir, "cbjax-programs"),
-        )
+        self.runner = self._sim_runner(cfg, cost_model) if sim else self._model_runner(cfg)
         mode = {True: "full", False: "none"}.get(cfg.warmup, cfg.warmup)
         self.warmup_s = self.runner.warmup(mode)
         self.requests: dict[str, Request] = {}
@@ -115,6 +125,42 @@ class LLMEngine:
         # Called after the model ran and before its tokens are stamped with the clock's time: a simulation moves
         # its virtual clock here, so a token's time is the end of the step that made it (cbjax.bench.online).
         self.after_execute: Callable[[], None] | None = None
+
+    def _model_runner(self, cfg: EngineConfig) -> ModelRunner:
+        return ModelRunner(
+            self.model,
+            num_pages=cfg.num_pages,
+            page_size=cfg.page_size,
+            buckets=self.buckets,
+            backend=resolve_backend(cfg.attention_backend),
+            interpret=cfg.pallas_interpret,
+            num_host_pages=cfg.num_host_pages,
+            program_cache_dir=None
+            if self.compilation_cache_dir is None
+            else os.path.join(self.compilation_cache_dir, "cbjax-programs"),
+        )
+
+    def _sim_runner(self, cfg: EngineConfig, cost_model) -> SimRunner:
+        mcfg = self.model_config
+        return SimRunner(
+            cost_model,
+            self.clock,
+            buckets=self.buckets,
+            kv_bytes_per_page=kv_cache_bytes_per_page(mcfg, cfg.page_size),
+            vocab_size=mcfg.vocab_size,
+            eos_token_id=mcfg.eos_token_id,
+            stop_token_ids=mcfg.extra_eos_token_ids,
+        )
+
+    @staticmethod
+    def _model_config(model, cfg: EngineConfig) -> "tuple[Tokenizer | None, ModelConfig]":
+        """The simulator's model: its config (and tokenizer, for a checkpoint), no weights."""
+        if isinstance(model, Llama):
+            raise ValueError("runner='sim' takes a model name or a ModelConfig, not a built Llama")
+        checkpoint = resolve_checkpoint(model)
+        mcfg = model if isinstance(model, ModelConfig) else model_config_of(model)
+        mcfg = mcfg.replace(**{k: getattr(cfg, k) for k in ("dtype", "matmul_dtype") if getattr(cfg, k) is not None})
+        return (None if checkpoint is None else Tokenizer.from_dir(checkpoint[0])), mcfg
 
     @staticmethod
     def _load_model(model, cfg: EngineConfig) -> "tuple[Llama, Tokenizer | None]":
@@ -308,6 +354,15 @@ class LLMEngine:
         for rid in list(self.requests):
             if not self.requests[rid].is_finished:
                 self.abort_request(rid)
+
+
+def sim_cost_model(cfg: EngineConfig, mcfg: ModelConfig):
+    """The cost model of a simulating engine's options: its profile file, or its accelerator's roofline."""
+    if cfg.sim_profile is not None:
+        return load_profile(cfg.sim_profile)
+    if cfg.sim_accelerator is not None:
+        return RooflineCost.for_model(mcfg, cfg.sim_accelerator, num_chips=cfg.sim_num_chips)
+    raise ValueError("runner='sim' needs sim_profile (a cost-model profile) or sim_accelerator (a roofline)")
 
 
 def device_kind() -> str:

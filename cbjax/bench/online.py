@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -181,7 +182,12 @@ class _OnlineRun:
 
     def wait_until(self, t: float) -> None:
         if self.virtual:
-            self.clock.set(max(self.clock.now(), self.t0 + t))
+            target = self.t0 + t
+            # With t0 > 0 (an engine reused for another run), t0 + t - t0 can round below t: the arrival would
+            # never be due and the loop would wait for it forever.
+            while target - self.t0 < t:
+                target = math.nextafter(target, math.inf)
+            self.clock.set(max(self.clock.now(), target))
         else:
             delay = self.t0 + t - self.clock.now()
             if delay > 0:

@@ -6,7 +6,8 @@ The intercept per token bucket is the cost of the padded step itself (the dense 
 so a bucket's cost is nearly fixed); the shared coefficients add what varies within a bucket: per real token, per
 sequence (slots, sampling), attention (per context token read and per (query, key) pair computed), and per byte
 of KV swapped. Bucket 0 is a swap-only step. Fitted by ordinary least squares over all steps at once (columns
-scaled to unit maximum). A bucket never seen in calibration gets an intercept linearly interpolated (or
+scaled to unit maximum), with the shared coefficients kept >= 0 (a feature whose coefficient would be negative
+is dropped and the rest refitted). A bucket never seen in calibration gets an intercept linearly interpolated (or
 extrapolated) in the bucket size from the seen ones.
 
 What it does not model: compiles (the engine compiles before the run), the host's Python time outside the step
@@ -76,7 +77,16 @@ class CalibratedCost:
             X[i, len(buckets) :] = [getattr(f, k) for k in SHARED_FEATURES]
         scale = np.abs(X).max(axis=0)
         scale[scale == 0] = 1.0  # a feature that never varies (no swaps measured) gets coefficient 0
-        w, *_ = np.linalg.lstsq(X / scale, y, rcond=None)
+        # A marginal cost cannot be negative: a shared feature whose coefficient comes out below zero (noise, or
+        # collinearity with another feature) is dropped and the rest refitted (intercepts stay free).
+        keep = np.ones(X.shape[1], bool)
+        while True:
+            w = np.zeros(X.shape[1])
+            w[keep], *_ = np.linalg.lstsq(X[:, keep] / scale[keep], y, rcond=None)
+            negative = [j for j in range(len(buckets), X.shape[1]) if keep[j] and w[j] < 0]
+            if not negative:
+                break
+            keep[min(negative, key=lambda j: w[j])] = False
         w = w / scale
         pred = X @ w
         rel = np.abs(pred - y) / np.maximum(y, 1e-9)

@@ -7,8 +7,9 @@ A step's time is what cbjax.bench.online moves a virtual clock by for the real e
 engine's step call up to the fetch of its results), so the simulator advances its clock the same way. The sweep:
   decode  N sequences (1 .. max_num_seqs) with contexts of C tokens (16 .. 512), 48 decode steps each
   prefill prompts long enough to fill every token bucket (chunked under the budget), few output tokens
+  batch   full batches of random-length requests, all at once (many sequences decoding, prompts joining)
   mixed   Poisson arrivals of random-length requests (prefill chunks and decodes in the same step)
-  swap    a small KV pool with preemption by swap (the cost per byte copied)
+  swap    40 of those requests into a small KV pool with preemption by swap (the cost per byte copied)
 The engine options are compare_cpu.py's (override with flags); the profile records them with the model, the jax
 version, the machine, its load average and the date. Keep the machine otherwise idle while this runs, and
 validate (experiments/sim_fidelity.py) in the same sitting. About 2-4 minutes on 2 CPU cores.
@@ -31,6 +32,7 @@ flags.DEFINE_integer("max_model_len", 1024, "prompt + output tokens")
 flags.DEFINE_string("dtype", "float32", "float32 | bfloat16")
 flags.DEFINE_bool("async_scheduling", True, "schedule step n+1 while step n runs")
 flags.DEFINE_integer("seed", 1234, "workload seed (keep it apart from the fidelity workloads' seeds)")
+flags.DEFINE_string("steps_output", None, "also write every measured step (sweep, features, seconds) as JSONL here")
 flags.DEFINE_float("scale", 1.0, "multiplies the number of requests of each sweep (0.5: a quicker, rougher fit)")
 FLAGS = flags.FLAGS
 
@@ -48,36 +50,6 @@ def engine_options() -> dict:
         async_scheduling=FLAGS.async_scheduling,
         warmup=True,
     )
-
-
-def measure(engine, workload) -> tuple[list, list]:
-    """Run `workload` on `engine` (on a virtual clock, measured step times); returns each step's features and
-    measured seconds, in the order the steps finished."""
-    from cbjax.bench.online import run_online
-    from cbjax.model.llama import kv_cache_bytes_per_page
-    from cbjax.sim import step_features
-
-    page_bytes = kv_cache_bytes_per_page(engine.model_config, engine.config.page_size)
-    feats, times = [], []
-    runner, clock = engine.runner, engine.clock
-    fetch, advance = runner.fetch, clock.advance
-
-    def recording_fetch(handle):
-        feats.append(step_features(handle.out, handle.padded_tokens, page_bytes))
-        return fetch(handle)
-
-    def recording_advance(dt):
-        times.append(dt)
-        advance(dt)
-
-    runner.fetch, clock.advance = recording_fetch, recording_advance
-    try:
-        run_online(engine, workload)
-    finally:
-        del runner.fetch, clock.advance
-    if len(feats) != len(times):
-        raise RuntimeError(f"{len(feats)} steps fetched but {len(times)} clock moves")
-    return feats, times
 
 
 def sweep_workloads(vocab_size: int, max_num_seqs: int, max_model_len: int) -> dict[str, list]:
@@ -101,6 +73,11 @@ def sweep_workloads(vocab_size: int, max_num_seqs: int, max_model_len: int) -> d
     out["prefill"] = make_workload(
         dict(kind="synthetic", num_requests=max(4, int(24 * k)), seed=FLAGS.seed, arrival="offline",
              prompt_len=dict(dist="uniform", low=64, high=max_model_len - 8), output_len=2, vocab_size=vocab_size)
+    )  # fmt: skip
+    out["batch"] = make_workload(
+        dict(kind="synthetic", num_requests=max(32, int(128 * k)), seed=FLAGS.seed + 2, arrival="offline",
+             prompt_len=dict(dist="uniform", low=8, high=400), output_len=dict(dist="uniform", low=16, high=300),
+             vocab_size=vocab_size)
     )  # fmt: skip
     out["mixed"] = make_workload(
         dict(kind="synthetic", num_requests=max(20, int(200 * k)), seed=FLAGS.seed + 1, arrival="poisson",
@@ -130,6 +107,7 @@ def main(argv):
     from cbjax.core.clock import VirtualClock
     from cbjax.engine import LLMEngine
     from cbjax.sim import CalibratedCost, save_profile
+    from experiments.measured_steps import measure
 
     opts = engine_options()
     start = datetime.datetime.now().astimezone()
@@ -139,7 +117,7 @@ def main(argv):
     feats, times, counts = [], [], {}
     cfg = engine.config
     for name, wl in sweep_workloads(engine.model_config.vocab_size, cfg.max_num_seqs, cfg.max_model_len).items():
-        f, t = measure(engine, wl)
+        f, t, _ = measure(engine, wl)
         feats += f
         times += t
         counts[name] = len(f)
@@ -148,13 +126,26 @@ def main(argv):
     swap_opts = dict(opts, num_pages=48, watermark_fraction=0.0, preemption_mode="swap", swap_space_gib=0.25)
     swapper = LLMEngine(FLAGS.model, clock=VirtualClock(), **swap_opts)
     swapper.wait_until_warm()
-    wl = sweep_workloads(engine.model_config.vocab_size, cfg.max_num_seqs, cfg.max_model_len)["mixed"]
-    f, t = measure(swapper, wl)
+    # A few requests: a small pool thrashes for many steps, which would outweigh the other sweeps in the fit.
+    wl = sweep_workloads(engine.model_config.vocab_size, cfg.max_num_seqs, cfg.max_model_len)["mixed"][:40]
+    f, t, _ = measure(swapper, wl)
     feats += f
     times += t
     counts["swap"] = len(f)
     print(f"swap: {len(f)} steps ({sum(x.swap_bytes > 0 for x in f)} with swaps), {sum(t):.2f} s measured")
     model = CalibratedCost.fit(feats, times)
+    i = 0
+    for name, n in counts.items():  # how well one model fits each sweep's total time
+        pred = sum(map(model.step_time, feats[i : i + n]))
+        print(f"  {name}: predicted / measured total {pred / sum(times[i : i + n]) - 1:+.1%}")
+        i += n
+    if FLAGS.steps_output:
+        with open(FLAGS.steps_output, "w") as f:
+            i = 0
+            for name, n in counts.items():
+                for ft, t in zip(feats[i : i + n], times[i : i + n]):
+                    f.write(json.dumps({"sweep": name, "seconds": t, **ft.as_dict()}) + "\n")
+                i += n
     meta = dict(
         model=FLAGS.model,
         engine_options=opts,

@@ -1,6 +1,8 @@
 """How close the simulator comes to the real engine: the same workloads, on the real engine (llama-tiny, virtual
 clock advanced by each step's measured wall time, as configs/policy_zoo.py runs) and on the simulator with the
-calibrated profile; prints each metric's relative error (sim / real - 1) and writes them as JSON.
+calibrated profile; prints each metric's relative error (sim / real - 1) and writes them as JSON. "step times" is
+the cost model's error on the real run's own steps (sum predicted / sum measured - 1), before any feedback
+through the schedule.
 
   python -m experiments.calibrate --model llama-tiny          # first, in the same sitting
   python -m experiments.sim_fidelity --profile configs/profiles/llama-tiny-cpu.json [--cases mixed-fcfs,...]
@@ -87,6 +89,8 @@ def run_case(model: str, profile: str, workload_fields: dict, options: dict, sca
     from cbjax.core.clock import VirtualClock
     from cbjax.engine import LLMEngine
     from cbjax.model.registry import model_config_of
+    from cbjax.sim import load_profile
+    from experiments.measured_steps import measure
 
     fields = dict(workload_fields, vocab_size=model_config_of(model).vocab_size)
     fields["num_requests"] = max(10, int(fields["num_requests"] * scale))
@@ -99,7 +103,14 @@ def run_case(model: str, profile: str, workload_fields: dict, options: dict, sca
             opts.update(sim_profile=profile, warmup=False)
         engine = LLMEngine(model, clock=VirtualClock(), **opts)
         engine.wait_until_warm()
-        res = run_online(engine, workload)
+        if runner == "model":
+            # The cost model on the real run's own steps: how far its step times are off before any feedback
+            # through the schedule.
+            feats, times, res = measure(engine, workload)
+            predicted = sum(map(load_profile(profile).step_time, feats))
+            out["step_time_error"] = predicted / sum(times) - 1
+        else:
+            res = run_online(engine, workload)
         s = summarize(res.requests, res.steps)
         out[key] = {k: s[k] for k in (*METRICS, "num_completed", "request_preemptions")} | {"wall_s": res.wall_s}
         del engine
@@ -108,11 +119,12 @@ def run_case(model: str, profile: str, workload_fields: dict, options: dict, sca
 
 
 def table(results: dict) -> str:
-    head = "| case | " + " | ".join(METRICS) + " | real / sim wall s |"
-    lines = [head, "|" + "---|" * (len(METRICS) + 2)]
+    head = "| case | " + " | ".join(METRICS) + " | step times | real / sim wall s |"
+    lines = [head, "|" + "---|" * (len(METRICS) + 3)]
     for name, r in results.items():
         errs = " | ".join("-" if math.isnan(r["error"][k]) else f"{r['error'][k]:+.1%}" for k in METRICS)
-        lines.append(f"| {name} | {errs} | {r['real']['wall_s']:.1f} / {r['sim']['wall_s']:.2f} |")
+        walls = f"{r['real']['wall_s']:.1f} / {r['sim']['wall_s']:.2f}"
+        lines.append(f"| {name} | {errs} | {r['step_time_error']:+.1%} | {walls} |")
     return "\n".join(lines)
 
 
@@ -126,7 +138,7 @@ def main(argv):
     results = {}
     for name in names:
         results[name] = run_case(FLAGS.model, FLAGS.profile, *CASES[name], FLAGS.scale)
-        print(name, json.dumps(results[name]["error"]), flush=True)
+        print(name, json.dumps(results[name]["error"]), "step times", results[name]["step_time_error"], flush=True)
     print(table(results))
     os.makedirs(os.path.dirname(os.path.abspath(FLAGS.output)), exist_ok=True)
     with open(FLAGS.output, "w") as f:

@@ -1,5 +1,6 @@
-"""The policy zoo on the simulator: 10,000 requests of the chat/RAG/code mix through every policy in about a
-minute, step times from the calibrated llama-tiny profile of this machine (docs/sim.md).
+"""The policy zoo on the simulator: 10,000 requests of the chat/RAG/code mix through every policy, step times from
+the calibrated llama-tiny profile of this machine (docs/sim.md). 5-6 minutes on 2 CPU cores, mostly mlfq (which
+thrashes under overload) and static; fcfs alone takes ~10 s.
 
   python -m experiments.compare_policies --config=configs/sim_zoo.py [--config.sim.profile=PROFILE.json]
 

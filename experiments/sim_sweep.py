@@ -13,11 +13,9 @@ import os
 import sys
 
 from absl import app
-from ml_collections import config_flags
 
-from experiments import compare_policies as cp
+from experiments import compare_policies as cp  # defines --config
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config with a sweep.rates entry")
 KEYS = ("request_throughput", "output_throughput", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99",
         "e2e_ms_p50", "e2e_ms_p99", "goodput", "num_completed", "request_preemptions")  # fmt: skip
 
@@ -55,9 +53,7 @@ def main(argv):
     from cbjax.bench import plots, results
 
     try:
-        cfg = _CONFIG.value
-        if cfg is None:
-            raise ValueError("--config is required")
+        cfg = cp.load_config()
         rates = rates_of(cfg)
         cfg, _ = cp.prepare_run(cfg)
     except ValueError as e:
@@ -75,4 +71,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=cp.parse_flags)

@@ -37,7 +37,8 @@ class LLMEngine:
     `model` is a named config ("llama-tiny", "llama-small", "test-tiny"), a ModelConfig, a Llama instance, a Hugging
     Face checkpoint directory (config.json + safetensors [+ tokenizer.json]), a packaged model's name ("tinypy",
     "tinypy-draft"), or None for the packaged default. With a tokenizer, prompts may be text (`self.tokenizer`).
-    Engine options are EngineConfig's fields as keywords.
+    Engine options are EngineConfig's fields as keywords. With runner="sim" no weights are loaded and nothing is
+    compiled: the same Scheduler drives a cbjax.sim.SimRunner on a VirtualClock (docs/sim.md).
     """
 
     def __init__(

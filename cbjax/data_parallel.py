@@ -103,6 +103,10 @@ class DataParallelEngine:
         return min(times) if times else None
 
     @property
+    def advances_clock(self) -> bool:
+        return self.replicas[0].advances_clock
+
+    @property
     def num_steps(self) -> int:
         return sum(r.num_steps for r in self.replicas)
 

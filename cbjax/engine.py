@@ -14,7 +14,7 @@ import jax
 from flax import nnx
 
 from cbjax.core import validation as check
-from cbjax.core.clock import Clock, RealClock
+from cbjax.core.clock import Clock, RealClock, VirtualClock
 from cbjax.core.outputs import CompletionOutput, RequestOutput
 from cbjax.core.request import Request
 from cbjax.core.sampling_params import SamplingParams
@@ -24,12 +24,13 @@ from cbjax.model.config import ModelConfig, get_model_config
 from cbjax.model.hf_loader import load_hf_model
 from cbjax.model.llama import Llama, init_model, kv_cache_bytes_per_page
 from cbjax.model.quantize import quantize_model
-from cbjax.model.registry import resolve_checkpoint
+from cbjax.model.registry import model_config_of, resolve_checkpoint
 from cbjax.model.tokenizer import Tokenizer
 from cbjax.runner.compile_cache import configure_compilation_cache
 from cbjax.runner.model_runner import ModelRunner, StepHandle
 from cbjax.runner.sharding import make_mesh
 from cbjax.runner.step_input import BucketTable
+from cbjax.sim import RooflineCost, SimRunner, load_profile
 from kernels_pallas.dispatch import resolve_backend
 
 
@@ -41,7 +42,8 @@ class LLMEngine:
     "tinypy-draft"), or None for the packaged default. With a tokenizer, prompts may be text (`self.tokenizer`).
     Engine options are EngineConfig's fields as keywords. `device` places the engine's parameters, KV pages and
     programs on that device (default: jax's first); a data-parallel engine (cbjax/data_parallel.py) gives each of
-    its replicas one.
+    its replicas one. With runner="sim" no weights are loaded and nothing is compiled: the same Scheduler drives a
+    cbjax.sim.SimRunner on a VirtualClock (docs/sim.md).
     """
 
     def __init__(
@@ -50,17 +52,29 @@ class LLMEngine:
         *,
         clock: Clock | None = None,
         device: "jax.Device | None" = None,
+        cost_model=None,
         **options,
     ):
+        """`cost_model` (runner="sim" only): a cbjax.sim cost model object, instead of sim_profile/sim_accelerator."""
         cfg = EngineConfig.from_options(options)  # every option checked before anything is loaded or compiled
-        self.clock = clock or RealClock()
-        # First: building the model may compile too.
-        self.compilation_cache_dir = configure_compilation_cache(cfg.compilation_cache)
-        self.model, self.tokenizer = self._load_model(model, cfg)
-        if cfg.quantization is not None:
-            # A new module over the same arrays: a Llama the caller passed in stays as it was.
-            self.model = quantize_model(nnx.merge(*nnx.split(self.model)), cfg.quantization)
-        mcfg = self.model.cfg
+        sim = cfg.runner == "sim"
+        if sim:
+            # The simulator: no weights, no compile; the model's shapes only (docs/sim.md).
+            self.clock = VirtualClock() if clock is None else clock
+            self.compilation_cache_dir = None
+            self.model, self.tokenizer, mcfg = None, *self._model_config(model, cfg)
+            cost_model = cost_model if cost_model is not None else sim_cost_model(cfg, mcfg)
+        else:
+            if cost_model is not None:
+                raise ValueError("cost_model is for runner='sim' only")
+            self.clock = clock or RealClock()
+            # First: building the model may compile too.
+            self.compilation_cache_dir = configure_compilation_cache(cfg.compilation_cache)
+            self.model, self.tokenizer = self._load_model(model, cfg)
+            if cfg.quantization is not None:
+                # A new module over the same arrays: a Llama the caller passed in stays as it was.
+                self.model = quantize_model(nnx.merge(*nnx.split(self.model)), cfg.quantization)
+            mcfg = self.model.cfg
         self.model_config = mcfg
         max_model_len = cfg.max_model_len or mcfg.max_position_embeddings
         if max_model_len > mcfg.max_position_embeddings:
@@ -69,6 +83,10 @@ class LLMEngine:
                 f"({mcfg.max_position_embeddings}); choose max_model_len <= {mcfg.max_position_embeddings}"
             )
         num_pages = cfg.num_pages
+        if num_pages is None and sim and hasattr(cost_model, "kv_pages"):
+            num_pages = cost_model.kv_pages(cfg.page_size)  # what the accelerator's memory holds after the weights
+            if num_pages < 1:
+                raise ValueError(f"the simulated accelerator's memory holds no KV page after the weights: {cost_model}")
         if num_pages is None:
             page_bytes = kv_cache_bytes_per_page(mcfg, cfg.page_size)
             num_pages = int(cfg.kv_cache_memory_gib * 2**30) // page_bytes
@@ -82,8 +100,11 @@ class LLMEngine:
             num_host_pages = cfg.num_host_pages
             if num_host_pages is None:
                 num_host_pages = int(cfg.swap_space_gib * 2**30) // kv_cache_bytes_per_page(mcfg, cfg.page_size)
-        _check_fits("KV cache (num_pages / kv_cache_memory_gib)", num_pages, mcfg, cfg, device_memory_bytes())
-        _check_fits("host swap pool (num_host_pages / swap_space_gib)", num_host_pages, mcfg, cfg, host_memory_bytes())
+        if not sim:  # (a simulated accelerator's pool is not this machine's memory)
+            _check_fits("KV cache (num_pages / kv_cache_memory_gib)", num_pages, mcfg, cfg, device_memory_bytes())
+            _check_fits(
+                "host swap pool (num_host_pages / swap_space_gib)", num_host_pages, mcfg, cfg, host_memory_bytes()
+            )
         self.config = cfg = dataclasses.replace(
             cfg, num_pages=num_pages, max_model_len=max_model_len, num_host_pages=num_host_pages
         )
@@ -109,20 +130,7 @@ class LLMEngine:
             ),
             self.clock,
         )
-        self.runner = ModelRunner(
-            self.model,
-            num_pages=num_pages,
-            page_size=cfg.page_size,
-            buckets=self.buckets,
-            backend=resolve_backend(cfg.attention_backend),
-            interpret=cfg.pallas_interpret,
-            num_host_pages=num_host_pages,
-            program_cache_dir=None
-            if self.compilation_cache_dir is None
-            else os.path.join(self.compilation_cache_dir, "cbjax-programs"),
-            device=device,
-            mesh=None if cfg.tensor_parallel_size == 1 else make_mesh(cfg.tensor_parallel_size),
-        )
+        self.runner = self._sim_runner(cfg, cost_model) if sim else self._model_runner(cfg, device)
         mode = {True: "full", False: "none"}.get(cfg.warmup, cfg.warmup)
         self.warmup_s = self.runner.warmup(mode)
         self.requests: dict[str, Request] = {}
@@ -134,6 +142,44 @@ class LLMEngine:
         # Called after the model ran and before its tokens are stamped with the clock's time: a simulation moves
         # its virtual clock here, so a token's time is the end of the step that made it (cbjax.bench.online).
         self.after_execute: Callable[[], None] | None = None
+
+    def _model_runner(self, cfg: EngineConfig, device) -> ModelRunner:
+        return ModelRunner(
+            self.model,
+            num_pages=cfg.num_pages,
+            page_size=cfg.page_size,
+            buckets=self.buckets,
+            backend=resolve_backend(cfg.attention_backend),
+            interpret=cfg.pallas_interpret,
+            num_host_pages=cfg.num_host_pages,
+            program_cache_dir=None
+            if self.compilation_cache_dir is None
+            else os.path.join(self.compilation_cache_dir, "cbjax-programs"),
+            device=device,
+            mesh=None if cfg.tensor_parallel_size == 1 else make_mesh(cfg.tensor_parallel_size),
+        )
+
+    def _sim_runner(self, cfg: EngineConfig, cost_model) -> SimRunner:
+        mcfg = self.model_config
+        return SimRunner(
+            cost_model,
+            self.clock,
+            buckets=self.buckets,
+            kv_bytes_per_page=kv_cache_bytes_per_page(mcfg, cfg.page_size),
+            vocab_size=mcfg.vocab_size,
+            eos_token_id=mcfg.eos_token_id,
+            stop_token_ids=mcfg.extra_eos_token_ids,
+        )
+
+    @staticmethod
+    def _model_config(model, cfg: EngineConfig) -> "tuple[Tokenizer | None, ModelConfig]":
+        """The simulator's model: its config (and tokenizer, for a checkpoint), no weights."""
+        if isinstance(model, Llama):
+            raise ValueError("runner='sim' takes a model name or a ModelConfig, not a built Llama")
+        checkpoint = resolve_checkpoint(model)
+        mcfg = model if isinstance(model, ModelConfig) else model_config_of(model)
+        mcfg = mcfg.replace(**{k: getattr(cfg, k) for k in ("dtype", "matmul_dtype") if getattr(cfg, k) is not None})
+        return (None if checkpoint is None else Tokenizer.from_dir(checkpoint[0])), mcfg
 
     @staticmethod
     def _load_model(model, cfg: EngineConfig) -> "tuple[Llama, Tokenizer | None]":
@@ -231,6 +277,11 @@ class LLMEngine:
             raise ValueError(f"abort of unknown request id {request_id!r}")
         self.scheduler.abort(req)
         self._pending.append(req)
+
+    @property
+    def advances_clock(self) -> bool:
+        """Whether the runner moves the clock itself (the simulator's does, by its cost model's step time)."""
+        return getattr(self.runner, "advances_clock", False)
 
     def next_event_time(self) -> float | None:
         """When the policy will admit although no request arrives or finishes (a static batch's timeout), or None."""
@@ -332,6 +383,15 @@ class LLMEngine:
         for rid in list(self.requests):
             if not self.requests[rid].is_finished:
                 self.abort_request(rid)
+
+
+def sim_cost_model(cfg: EngineConfig, mcfg: ModelConfig):
+    """The cost model of a simulating engine's options: its profile file, or its accelerator's roofline."""
+    if cfg.sim_profile is not None:
+        return load_profile(cfg.sim_profile)
+    if cfg.sim_accelerator is not None:
+        return RooflineCost.for_model(mcfg, cfg.sim_accelerator, num_chips=cfg.sim_num_chips)
+    raise ValueError("runner='sim' needs sim_profile (a cost-model profile) or sim_accelerator (a roofline)")
 
 
 def device_memory_bytes() -> int | None:

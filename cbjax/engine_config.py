@@ -8,12 +8,14 @@ import dataclasses
 
 from cbjax.core import validation as check
 from cbjax.core.policies import POLICIES, make_policy
+from cbjax.sim.roofline import ACCELERATORS
 
 DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("int8",)  # cbjax.model.quantize.QUANTIZATIONS
 ATTENTION_BACKENDS = ("auto", "pallas", "xla")  # kernels_pallas.dispatch.BACKENDS
 WARMUP_MODES = ("background", "full", "none")  # cbjax.runner.model_runner.WARMUP_MODES
 PREEMPTION_MODES = ("recompute", "swap")
+RUNNERS = ("model", "sim")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +58,12 @@ class EngineConfig:
     # Schedule and start step n+1 before the results of step n reach the host (its sampled tokens are fed to step
     # n+1 on the device), so host work overlaps the device's. False: one step at a time.
     async_scheduling: bool = True
+    # "model": the real model on this machine. "sim": the simulator (cbjax.sim, docs/sim.md): the same scheduler
+    # and policies, step times from a cost model, a virtual clock, no weights and no compile.
+    runner: str = "model"
+    sim_profile: str | None = None  # sim: a cost-model profile (JSON, e.g. from experiments/calibrate.py)
+    sim_accelerator: str | None = None  # sim without a profile: the roofline of this accelerator (cbjax.sim.roofline)
+    sim_num_chips: int = 1  # sim_accelerator: chips in tensor parallel (communication taken as free)
 
     def __post_init__(self):
         """Check every option (ValueError naming it, its value and what is allowed) and store plain Python values.
@@ -88,10 +96,19 @@ class EngineConfig:
             warmup=check.choice("warmup", self.warmup, (True, False, *WARMUP_MODES)),
             compilation_cache=check.text("compilation_cache ('auto', 'off' or a directory)", self.compilation_cache),
             async_scheduling=check.boolean("async_scheduling", self.async_scheduling),
+            runner=check.choice("runner", self.runner, RUNNERS),
+            sim_profile=None if self.sim_profile is None else check.text("sim_profile", self.sim_profile),
+            sim_accelerator=check.choice("sim_accelerator", self.sim_accelerator, (None, *ACCELERATORS)),
+            sim_num_chips=check.integer("sim_num_chips", self.sim_num_chips, 1),
         )
         for name, value in normal.items():
             object.__setattr__(self, name, value)
         make_policy(self.policy, self.policy_options)  # its options' names, types and ranges (a cheap object)
+        if self.sim_profile is not None and self.sim_accelerator is not None:
+            raise ValueError(
+                f"sim_profile ({self.sim_profile!r}) and sim_accelerator ({self.sim_accelerator!r}) both set; "
+                "a simulation takes its step times from one of them"
+            )
 
     @classmethod
     def from_options(cls, options: dict) -> "EngineConfig":

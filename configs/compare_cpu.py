@@ -51,6 +51,13 @@ def get_config() -> ml_collections.ConfigDict:
     e.warmup = True  # compile every token bucket before the run, so no compile is timed
     e.async_scheduling = True  # schedule and start step n+1 while step n runs
     e.compilation_cache = "auto"  # persistent compilation cache: auto (user cache dir) | off | a directory
+    e.runner = "model"  # model: the real engine on this machine | sim: the simulator (docs/sim.md; needs c.sim)
+
+    # The simulator (engine.runner = "sim" only; needs clock = "virtual"): step times from one of these.
+    sim = c.sim = ml_collections.ConfigDict()
+    sim.profile = config_dict.placeholder(str)  # a cost-model profile (JSON) from python -m experiments.calibrate
+    sim.accelerator = config_dict.placeholder(str)  # or the roofline of: h100 | h200 | tpu-v5e | tpu-v6e
+    sim.num_chips = 1  # accelerator: chips in tensor parallel (communication taken as free)
 
     # Client-side batching for the `time_window` entry (its engine runs policy static with timeout 0).
     tw = c.time_window = ml_collections.ConfigDict()

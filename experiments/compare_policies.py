@@ -80,6 +80,37 @@ def entry_plan(cfg, name: str):
     return plan, variant
 
 
+def engine_options(cfg, name: str):
+    """The PolicyPlan of one entry and its engine's options: config.engine, the entry's policy and variant, and
+    (with engine.runner="sim") config.sim's cost model."""
+    plan, overrides = entry_plan(cfg, name)
+    options = {**cfg.engine.to_dict(), **plan.engine_options, **overrides}
+    if options.get("runner") == "sim":
+        sim = cfg.get("sim") or {}
+        options.update(
+            sim_profile=sim.get("profile"),
+            sim_accelerator=sim.get("accelerator"),
+            sim_num_chips=sim.get("num_chips", 1),
+        )
+    return plan, options
+
+
+def _check_sim(cfg) -> None:
+    """A simulated run: a virtual clock, its step times from exactly one of config.sim.profile (a readable
+    cost-model profile) and config.sim.accelerator."""
+    from cbjax.sim import load_profile
+
+    if cfg.engine.get("runner", "model") != "sim":
+        return
+    if cfg.clock != "virtual" or cfg.step_cost_ms != 0:
+        raise ValueError("config.engine.runner='sim' needs config.clock='virtual' and config.step_cost_ms=0")
+    sim = cfg.get("sim") or {}
+    if (sim.get("profile") is None) == (sim.get("accelerator") is None):
+        raise ValueError("config.engine.runner='sim' needs exactly one of config.sim.profile, config.sim.accelerator")
+    if sim.get("profile") is not None:
+        load_profile(sim["profile"])  # readable, and a known kind of cost model
+
+
 def _plain(d) -> dict:
     """A ConfigDict (nested ones too) as plain dicts: engine configs go into the JSON manifest."""
     return d.to_dict() if hasattr(d, "to_dict") else dict(d)
@@ -123,10 +154,10 @@ def resolve_config(cfg):
         raise ValueError(f"config.step_cost_ms={cfg.step_cost_ms} needs config.clock='virtual' (0 with a real clock)")
     if not isinstance(cfg.get("overwrite", False), bool):
         raise ValueError(f"config.overwrite must be True or False, got {cfg.overwrite!r}")
+    _check_sim(cfg)
     model_config = model_config_of(cfg.model)
     for name in names:  # every entry's engine options, as its engine will get them
-        plan, overrides = entry_plan(cfg, name)
-        options = {**cfg.engine.to_dict(), **plan.engine_options, **overrides}
+        options = engine_options(cfg, name)[1]
         try:
             check_data_parallel(options)
             EngineConfig.from_options({k: v for k, v in options.items() if k not in DATA_PARALLEL_OPTIONS})
@@ -228,8 +259,7 @@ def run_comparison(cfg, *, workload=None, progress: bool = True, on_step: Callab
     with CtrlC("stopping at the next step, then writing what was measured") as ctrl_c:
         try:
             for name in cfg.policies:
-                plan, overrides = entry_plan(cfg, name)
-                options = {**cfg.engine.to_dict(), **plan.engine_options, **overrides}
+                plan, options = engine_options(cfg, name)
                 clock = VirtualClock() if cfg.clock == "virtual" else RealClock()
                 logging.info(
                     "%s: engine policy=%s static_batch_timeout_s=%s, client=%s",
@@ -249,6 +279,8 @@ def run_comparison(cfg, *, workload=None, progress: bool = True, on_step: Callab
                     "warmup_s": engine.warmup_s,
                     "compiles_at_warmup": engine.num_compiles,
                 }
+                if options.get("runner") == "sim":  # what the step times are: a fit or a prediction
+                    comp.engines[name]["cost_model"] = engine.runner.cost_model.to_dict()
                 bar = tqdm(total=len(workload), desc=f"{name:>11}", unit="req", disable=not progress, file=sys.stderr)
 
                 def step_done(p, name=name, bar=bar):

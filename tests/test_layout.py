@@ -109,6 +109,7 @@ ALLOWED = {
     "cbjax.bench": ("cbjax.bench", "cbjax.core"),
     "cbjax.model": ("cbjax.model", "kernels_pallas"),
     "cbjax.runner": ("cbjax.runner", "cbjax.core", "cbjax.model", "kernels_pallas"),
+    "cbjax.sim": ("cbjax.sim", "cbjax.core"),
     "kernels_pallas": ("kernels_pallas",),
     # The server sits on the engine; from the model room it uses what the engine hands out (its tokenizer, the
     # incremental detokenizer) and the registry that names checkpoints. Never the runner.
@@ -149,6 +150,10 @@ def test_the_engine_needs_no_experiment_or_training_library():
     # absl, optax and orbax are not in the list: flax itself imports them (they are flax's own dependencies).
     blocked = ("ml_collections", "matplotlib", "tqdm", "torch", "transformers", "hypothesis")
     _run_with_blocked(blocked, "from cbjax import LLM, LLMEngine, SamplingParams; import cbjax.generate")
+
+
+def test_the_simulator_needs_no_jax():
+    _run_with_blocked(("jax", "jaxlib", "flax"), "import cbjax.sim, cbjax.engine_config")
 
 
 def test_the_experiment_room_needs_no_jax():

@@ -15,7 +15,8 @@ completed, which is how a starving policy shows in the completion rates.
 Clocks: the engine's own clock is used. With a `cbjax.core.VirtualClock` the loop never sleeps; each step moves
 the clock by `step_cost_s` (fixed: reproducible tests) or by the step's measured wall time (None). The move happens
 inside the step (the engine's `after_execute` hook), after the model ran and before the scheduler stamps the
-sampled tokens, so a token's time is the end of the step that produced it, as on a real clock.
+sampled tokens, so a token's time is the end of the step that produced it, as on a real clock. The simulator's
+runner (cbjax.sim, `runner="sim"`) moves the clock itself, by its cost model's step time, at the same point.
 
 Ctrl-C (KeyboardInterrupt) ends the run cleanly: requests that had arrived but not finished are aborted and the
 records measured so far are returned, with `interrupted=True`.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -180,7 +182,12 @@ class _OnlineRun:
 
     def wait_until(self, t: float) -> None:
         if self.virtual:
-            self.clock.set(max(self.clock.now(), self.t0 + t))
+            target = self.t0 + t
+            # With t0 > 0 (an engine reused for another run), t0 + t - t0 can round below t: the arrival would
+            # never be due and the loop would wait for it forever.
+            while target - self.t0 < t:
+                target = math.nextafter(target, math.inf)
+            self.clock.set(max(self.clock.now(), target))
         else:
             delay = self.t0 + t - self.clock.now()
             if delay > 0:
@@ -369,7 +376,10 @@ def run_online(
     """
     run = _OnlineRun(engine, workload, client, step_cost_s, on_step, horizon_s)
     first_step = len(engine.step_records)
-    if run.virtual:
+    simulated = getattr(engine, "advances_clock", False)  # the simulator's runner moves the clock itself
+    if simulated and step_cost_s is not None:
+        raise ValueError("step_cost_s is for the real runner; the simulator's step times come from its cost model")
+    if run.virtual and not simulated:
         engine.after_execute = run.advance_virtual_clock
     run.t0 = engine.clock.now()
     wall0 = time.perf_counter()

@@ -10,14 +10,14 @@ Inputs are what the online loop returns (`{policy: OnlineResult}`) and the summa
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from cbjax.bench.metrics import request_latencies
 
-__all__ = ["plot_all", "plot_latency_cdfs", "plot_throughput", "plot_utilisation"]
+__all__ = ["plot_all", "plot_latency_cdfs", "plot_load_curves", "plot_throughput", "plot_utilisation"]
 
 
 def _pyplot():
@@ -48,6 +48,36 @@ def plot_throughput(path: str, summaries: Mapping[str, Mapping[str, Any]]) -> st
         ax.set_ylabel(label)
         ax.set_title(label)
         ax.margins(y=0.15)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+LOAD_CURVES = (
+    ("ttft_ms_p50", "TTFT p50 (ms)"),
+    ("ttft_ms_p99", "TTFT p99 (ms)"),
+    ("tpot_ms_p50", "TPOT p50 (ms)"),
+    ("e2e_ms_p50", "E2E p50 (ms)"),
+    ("output_throughput", "output tokens/s"),
+)
+
+
+def plot_load_curves(path: str, rows: Sequence[Mapping[str, Any]]) -> str:
+    """Latency (and throughput) against the offered request rate, one line per policy. `rows` hold "rate",
+    "policy" and the summary keys of LOAD_CURVES."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(LOAD_CURVES), figsize=(4 * len(LOAD_CURVES), 3.4))
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    for ax, (key, label) in zip(axes, LOAD_CURVES):
+        for i, policy in enumerate(policies):
+            pts = sorted((r["rate"], r.get(key)) for r in rows if r["policy"] == policy)
+            ax.plot([x for x, _ in pts], [_finite(y) for _, y in pts], "o-", color=f"C{i}", label=policy)
+        ax.set_xlabel("offered load (requests/s)")
+        ax.set_title(label)
+        if key != "output_throughput":
+            ax.set_yscale("log")
+    axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

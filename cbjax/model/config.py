@@ -70,6 +70,17 @@ NAMED_CONFIGS: dict[str, ModelConfig] = {
     "llama-small": ModelConfig(
         vocab_size=32000, hidden_size=1024, num_layers=8, num_heads=16, num_kv_heads=4, intermediate_size=2816
     ),
+    # Llama-2-7B's shapes, for the simulator only (cbjax.sim's roofline; docs/sim.md): never built as weights here.
+    "llama-7b": ModelConfig(
+        vocab_size=32000,
+        hidden_size=4096,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=32,
+        intermediate_size=11008,
+        max_position_embeddings=4096,
+        dtype="bfloat16",
+    ),
     # For tests: small enough to compile and run in seconds; a wide init so greedy argmax has clear margins.
     "test-tiny": ModelConfig(
         vocab_size=512,

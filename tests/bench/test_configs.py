@@ -22,6 +22,7 @@ from tests.helpers import parse_config as parse
 # The comparison family: every config of experiments/compare_policies.
 CONFIGS = sorted(
     glob.glob(os.path.join(ROOT, "configs", "compare_*.py"))
+    + glob.glob(os.path.join(ROOT, "configs", "sim_*.py"))
     + [
         os.path.join(ROOT, "configs", f)
         for f in ("policy_zoo.py", "prefix_cache.py", "preemption.py", "sliding_window.py", "routers.py")

@@ -1,0 +1,69 @@
+"""What a cost model sees of one step: the numbers of a SchedulerOutput that its run time depends on."""
+
+import dataclasses
+
+from cbjax.core.scheduler_output import SchedulerOutput
+
+FEATURE_NAMES = (
+    "padded_tokens",
+    "num_tokens",
+    "decode_tokens",
+    "prefill_tokens",
+    "num_seqs",
+    "num_sampling_seqs",
+    "sum_context",
+    "max_context",
+    "attention_pairs",
+    "swap_bytes",
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepFeatures:
+    """One step, as numbers. A decode is a sequence computing one token; any longer chunk is prefill (a prompt
+    chunk or a recompute). `sum_context` / `max_context` are over the context lengths after the step (what the
+    attention reads); `attention_pairs` is the number of (query, key) pairs the attention computes, sum over
+    sequences of new_tokens * (computed + (new_tokens + 1) / 2). `swap_bytes` is the KV copied out plus in."""
+
+    padded_tokens: int = 0  # the token bucket the step is padded to (0: a swap-only step)
+    num_tokens: int = 0
+    decode_tokens: int = 0
+    prefill_tokens: int = 0
+    num_seqs: int = 0
+    num_sampling_seqs: int = 0
+    sum_context: int = 0
+    max_context: int = 0
+    attention_pairs: float = 0.0
+    swap_bytes: int = 0
+
+    def as_dict(self) -> dict:
+        return {name: getattr(self, name) for name in FEATURE_NAMES}
+
+
+def step_features(out: SchedulerOutput, padded_tokens: int, bytes_per_page: int) -> StepFeatures:
+    """The features of step `out`, padded to `padded_tokens`, whose KV pages are `bytes_per_page` each."""
+    decode = prefill = sum_ctx = max_ctx = sampling = 0
+    pairs = 0.0
+    for s in out.seqs:
+        n, c = s.num_new_tokens, s.num_computed_tokens
+        if n == 1:
+            decode += 1
+        else:
+            prefill += n
+        ctx = c + n
+        sum_ctx += ctx
+        max_ctx = max(max_ctx, ctx)
+        sampling += s.samples_token
+        pairs += n * (c + (n + 1) / 2)
+    return StepFeatures(
+        padded_tokens=padded_tokens,
+        num_tokens=decode + prefill,
+        decode_tokens=decode,
+        prefill_tokens=prefill,
+        num_seqs=len(out.seqs),
+        num_sampling_seqs=sampling,
+        sum_context=sum_ctx,
+        max_context=max_ctx,
+        attention_pairs=pairs,
+        swap_bytes=(len(out.swap_out) + len(out.swap_in)) * bytes_per_page,
+    )

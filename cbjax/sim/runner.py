@@ -1,0 +1,133 @@
+"""SimRunner: the model runner's interface (dispatch / fetch / execute, swaps, warmup, num_compiles) with a cost
+model in place of a model. No jax: the engine, its Scheduler and every policy run unchanged on top of it.
+
+Time: the runner owns the virtual clock's advance. `fetch` moves the clock by the step's cost (swap copies
+included) before it returns, so the scheduler stamps the step's tokens with the end of the step, exactly where
+cbjax.bench.online's `after_execute` hook moves the clock for the real engine on a virtual clock. Asynchronous
+scheduling works as on the real engine (step n+1 is scheduled before step n's tokens are received, at the time
+step n started); the simulated steps still run one after another, each advancing the clock by its own cost.
+
+Tokens: a sampling sequence gets a token id that is never an end of sequence (a fixed function of the request id
+and the token's index, so runs are deterministic and prefix-cache hashes of generated tokens do not collide
+across requests); requests listed in `stop_after` get the EOS id as their n-th token. The workload's lengths
+(max_tokens, or `stop_after`) decide when a request ends; greedy exactness is not the point.
+"""
+
+import dataclasses
+import zlib
+from collections.abc import Mapping
+
+import numpy as np
+
+from cbjax.core.clock import VirtualClock
+from cbjax.core.scheduler_output import SchedulerOutput
+from cbjax.sim.cost_model import CostModel
+from cbjax.sim.features import StepFeatures, step_features
+
+
+@dataclasses.dataclass
+class SimStepHandle:
+    """A dispatched simulated step (the fields the engine reads of cbjax.runner's StepHandle, plus the cost)."""
+
+    out: SchedulerOutput
+    tokens: np.ndarray
+    features: StepFeatures
+    cost_s: float  # simulated seconds: what the clock advances by at fetch
+    padded_tokens: int = 0
+    swap_out_bytes: int = 0
+    swap_in_bytes: int = 0
+    swap_s: float = 0.0  # real seconds spent copying: none (the simulated copy time is in cost_s)
+    wait_s: float = 0.0  # real seconds waited for the device: none
+
+
+class _NoPrograms:
+    """The step programs of a runner that compiles nothing."""
+
+    def wait(self) -> None:
+        return None
+
+
+class SimRunner:
+    """Runs SchedulerOutputs on a cost model. `buckets` is the engine's BucketTable (any object with
+    `token_bucket(n)`); `kv_bytes_per_page` sizes the swap copies; `vocab_size`, `eos_token_id` and
+    `stop_token_ids` choose the token ids it emits."""
+
+    advances_clock = True  # cbjax.bench.online leaves the clock to the runner
+
+    def __init__(
+        self,
+        cost_model: CostModel,
+        clock: VirtualClock,
+        *,
+        buckets,
+        kv_bytes_per_page: int,
+        vocab_size: int,
+        eos_token_id: int | None,
+        stop_token_ids: tuple[int, ...] = (),
+        stop_after: Mapping[str, int] | None = None,
+    ):
+        if not isinstance(clock, VirtualClock):
+            raise ValueError(f"the simulator needs a VirtualClock, got {type(clock).__name__}")
+        self.cost_model = cost_model
+        self.clock = clock
+        self.buckets = buckets
+        self.kv_bytes_per_page = int(kv_bytes_per_page)
+        self.eos_token_id = eos_token_id
+        self.stop_after = dict(stop_after or {})
+        self.programs = _NoPrograms()
+        self.num_compiles = 0
+        self.num_steps = 0
+        self.simulated_s = 0.0  # sum of the step costs
+        self.swap_out_bytes_total = 0
+        self.swap_in_bytes_total = 0
+        self.last_step: SimStepHandle | None = None
+        forbidden = {t for t in (eos_token_id, *stop_token_ids) if t is not None}
+        self._ids = [t for t in range(min(vocab_size, 4096)) if t not in forbidden and t >= 3] or [0]
+        self._base: dict[str, int] = {}
+
+    def warmup(self, mode: str = "full") -> float:
+        """Nothing to build: 0 seconds."""
+        return 0.0
+
+    def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> tuple[float, int, int]:
+        """No copy happens; returns (0 real seconds, bytes out, bytes in). Their simulated time is in the step's
+        cost (StepFeatures.swap_bytes)."""
+        out_bytes, in_bytes = len(swap_out) * self.kv_bytes_per_page, len(swap_in) * self.kv_bytes_per_page
+        self.swap_out_bytes_total += out_bytes
+        self.swap_in_bytes_total += in_bytes
+        return 0.0, out_bytes, in_bytes
+
+    def _token(self, request_id: str, index: int) -> int:
+        n = self.stop_after.get(request_id)
+        if n is not None and index + 1 >= n and self.eos_token_id is not None:
+            return self.eos_token_id
+        base = self._base.get(request_id)
+        if base is None:
+            base = self._base[request_id] = zlib.crc32(request_id.encode())
+        return self._ids[(base + 7919 * index) % len(self._ids)]
+
+    def dispatch(self, out: SchedulerOutput) -> SimStepHandle:
+        """Price the step and choose its tokens (the index of a sampled token is known at scheduling time: the
+        pending placeholder the scheduler just appended)."""
+        padded = self.buckets.token_bucket(out.num_batched_tokens) if out.seqs else 0
+        _, out_bytes, in_bytes = self.swap(out.swap_out, out.swap_in)
+        features = step_features(out, padded, self.kv_bytes_per_page)
+        tokens = np.zeros(len(out.seqs), np.int32)
+        for i, s in enumerate(out.seqs):
+            if s.samples_token:
+                tokens[i] = self._token(s.request.request_id, len(s.request.output_token_ids) - 1)
+        cost = self.cost_model.step_time(features)
+        handle = SimStepHandle(out, tokens, features, cost, padded, out_bytes, in_bytes)
+        self.last_step = handle
+        return handle
+
+    def fetch(self, handle: SimStepHandle) -> np.ndarray:
+        """The step ends: the clock moves by its cost; returns its tokens in out.seqs order."""
+        self.clock.advance(handle.cost_s)
+        self.simulated_s += handle.cost_s
+        self.num_steps += 1
+        return handle.tokens
+
+    def execute(self, out: SchedulerOutput) -> np.ndarray:
+        """dispatch + fetch: one step, synchronously."""
+        return self.fetch(self.dispatch(out))

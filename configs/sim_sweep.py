@@ -1,0 +1,23 @@
+"""Latency against load on the simulator: the chat/RAG/code mix at a range of arrival rates, for a few policies;
+the classic curves (TTFT, TPOT and E2E percentiles against the offered rate).
+
+  python -m experiments.sim_sweep --config=configs/sim_sweep.py [--config.sweep.rates=10,20,40 ...]
+
+Every field not set here is sim_zoo.py's (the calibrated llama-tiny profile), then policy_zoo.py's and
+compare_cpu.py's.
+"""
+
+import ml_collections
+
+from cbjax.bench.config_files import sibling_config
+
+
+def get_config():
+    c = sibling_config(__file__, "sim_zoo.py")
+    c.run_name = "sim_sweep"  # results/sim_sweep/
+    c.policies = ("fcfs", "static", "sarathi", "priority", "mlfq")
+    c.policy_options = ml_collections.ConfigDict(dict(priority=c.policy_options.priority.to_dict()))  # zoo's aging
+    c.workload.num_requests = 2000
+    c.horizon_s = None  # every request completes: latency, not completion, is what the curves show
+    c.sweep = dict(rates=(10.0, 20.0, 30.0, 40.0, 50.0, 60.0))  # requests per second
+    return c

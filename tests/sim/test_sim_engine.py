@@ -1,0 +1,89 @@
+"""The engine on the simulator: no weights, deterministic runs, the options checked, a 10k-request smoke run."""
+
+import time
+
+import pytest
+
+from cbjax import LLMEngine, SamplingParams
+from cbjax.bench.online import run_online
+from cbjax.bench.workload import make_workload
+from cbjax.core.clock import RealClock
+from cbjax.engine_config import EngineConfig
+from cbjax.sim import FixedCost, RooflineCost
+
+OPTS = dict(runner="sim", max_num_seqs=32, max_num_batched_tokens=256, num_pages=512, max_model_len=1024)
+
+
+def mixed(n: int, rate: float, seed: int = 0):
+    return make_workload(
+        dict(kind="mixed", num_requests=n, seed=seed, arrival="poisson", request_rate=rate, scale=0.125,
+             vocab_size=32000, max_model_len=1024)
+    )  # fmt: skip
+
+
+def run(policy: str, workload, **opts):
+    engine = LLMEngine("llama-tiny", cost_model=FixedCost(0.02), **{**OPTS, "policy": policy, **opts})
+    return engine, run_online(engine, workload)
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "mlfq"])
+def test_a_sim_run_is_deterministic(policy):
+    wl = mixed(200, 40.0)
+    _, a = run(policy, wl)
+    _, b = run(policy, wl)
+    assert a.requests == b.requests
+    assert [s.time for s in a.steps] == [s.time for s in b.steps]
+    assert all(r.finish_reason == "length" for r in a.requests)
+    assert {r.request_id: r.output_len for r in a.requests} == {r.request_id: r.max_tokens for r in wl}
+
+
+def test_the_step_cost_sets_the_clock():
+    """With a fixed cost and one request, every token is one step later than the one before."""
+    engine = LLMEngine("llama-tiny", cost_model=FixedCost(0.25), **{**OPTS, "async_scheduling": False})
+    engine.add_request("a", [5] * 20, SamplingParams(max_tokens=4, ignore_eos=True))
+    list(engine.stream())
+    assert engine.model is None and engine.num_compiles == 0 and engine.warmup_s == 0.0
+    assert engine.clock.now() == pytest.approx(4 * 0.25)
+
+
+def test_eos_where_the_workload_says():
+    engine = LLMEngine("llama-tiny", cost_model=FixedCost(0.01), **OPTS)
+    engine.runner.stop_after["b"] = 3
+    for rid in ("a", "b"):
+        engine.add_request(rid, [7] * 10, SamplingParams(max_tokens=8))
+    done = {o.request_id: o.outputs[0] for o in engine.stream() if o.finished}
+    assert len(done["a"].token_ids) == 8 and done["a"].finish_reason == "length"
+    assert len(done["b"].token_ids) == 3 and done["b"].finish_reason == "stop"
+
+
+def test_the_roofline_sizes_the_kv_pool_from_the_accelerators_memory():
+    engine = LLMEngine("llama-7b", runner="sim", sim_accelerator="h200", max_model_len=4096)
+    expected = RooflineCost.for_model(engine.model_config, "h200").kv_pages(16)
+    assert engine.config.num_pages == expected > 10_000  # ~100 GB of KV after 13.5 GB of weights
+
+
+def test_the_options_are_checked():
+    with pytest.raises(ValueError, match="runner must be one of"):
+        EngineConfig(runner="gpu")
+    with pytest.raises(ValueError, match="sim_accelerator must be one of"):
+        EngineConfig(runner="sim", sim_accelerator="a100")
+    with pytest.raises(ValueError, match="both set"):
+        EngineConfig(runner="sim", sim_accelerator="h200", sim_profile="p.json")
+    with pytest.raises(ValueError, match="needs sim_profile"):
+        LLMEngine("llama-tiny", runner="sim")
+    with pytest.raises(ValueError, match="VirtualClock"):
+        LLMEngine("llama-tiny", clock=RealClock(), cost_model=FixedCost(0.1), **OPTS)
+    with pytest.raises(ValueError, match="cost_model is for runner='sim'"):
+        LLMEngine("test-tiny", cost_model=FixedCost(0.1))
+    engine = LLMEngine("llama-tiny", cost_model=FixedCost(0.1), **OPTS)
+    with pytest.raises(ValueError, match="step_cost_s is for the real runner"):
+        run_online(engine, mixed(2, 1.0), step_cost_s=0.1)
+
+
+def test_ten_thousand_requests_smoke():
+    """10k requests of the mix through the simulator in a generous bound (the speed itself: docs/sim.md)."""
+    wl = mixed(10_000, 40.0, seed=1)
+    t0 = time.perf_counter()
+    _, res = run("fcfs", wl)
+    assert time.perf_counter() - t0 < 60.0
+    assert sum(r.finish_reason == "length" for r in res.requests) == 10_000

@@ -186,8 +186,9 @@ class ModelRunner:
         self.compiles = CompileCounter()  # programs this runner's calls compiled (warmup included)
         # Abstract values of the step's array arguments: programs are lowered from these, never from the live
         # caches (the serving thread donates those while a background thread builds).
+        placed = device is not None or mesh is not None  # else lowered for jax's default device, as before
         self._avals = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding if (device or mesh) else None),
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding if placed else None),
             (self.params, self.kv_caches),
         )
         self.programs = StepPrograms(buckets.token_buckets, self._build_program, self._program_key, self.compiles)

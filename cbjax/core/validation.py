@@ -110,12 +110,15 @@ def token_ids(name: str, value, vocab_size: int | None = None) -> list[int]:
     if isinstance(value, (str, bytes, bytearray)) or not _is_sequence(value):
         raise ValueError(f"{name} must be a sequence of integer token ids, got {_shown(value)}")
     ids = list(value)
-    bad = [t for t in ids if not is_integer(t)]
-    if bad:
-        raise ValueError(f"{name} must hold integer token ids; it holds {_shown(bad[0])}")
-    ids = [int(t) for t in ids]
-    outside = [t for t in ids if t < 0 or (vocab_size is not None and t >= vocab_size)]
-    if outside:
+    # The common case, plain ints, checked by exact type (an ABC isinstance per token cost ~0.5 ms per 1000-token
+    # prompt); anything else (numpy integers, bools, floats) takes the full check.
+    if not all(type(t) is int for t in ids):
+        bad = [t for t in ids if not is_integer(t)]
+        if bad:
+            raise ValueError(f"{name} must hold integer token ids; it holds {_shown(bad[0])}")
+        ids = [int(t) for t in ids]
+    if ids and (min(ids) < 0 or (vocab_size is not None and max(ids) >= vocab_size)):
+        outside = [t for t in ids if t < 0 or (vocab_size is not None and t >= vocab_size)]
         allowed = f"the vocabulary [0, {vocab_size})" if vocab_size is not None else "[0, vocabulary size)"
         raise ValueError(f"{name}: token ids outside {allowed}: {outside[:5]}")
     return ids

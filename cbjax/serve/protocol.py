@@ -10,9 +10,9 @@ unchanged. The sampling numbers themselves are checked by `SamplingParams` and t
 """
 
 import dataclasses
-import math
-import numbers
 from typing import Any
+
+from cbjax.core import validation as check
 
 
 class ProtocolError(Exception):
@@ -91,44 +91,35 @@ def _bad(message: str, param: str | None) -> ProtocolError:
     return ProtocolError(message, 400, param=param)
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+_is_int = check.is_integer
+
+
+def _get(body: dict, name: str, default, checker):
+    """body[name] through one of cbjax.core.validation's checkers (None or absent: `default`); a refusal is a 400
+    naming the field."""
+    v = body.get(name, default)
+    if v is None:
+        return default
+    try:
+        return checker(f"'{name}'", v)
+    except ValueError as e:
+        raise _bad(str(e), name) from None
 
 
 def _get_int(body: dict, name: str, default):
-    v = body.get(name, default)
-    if v is None:
-        return default
-    if not _is_int(v):
-        raise _bad(f"'{name}' must be an integer, got {v!r}", name)
-    return int(v)
+    return _get(body, name, default, check.integer)
 
 
 def _get_float(body: dict, name: str, default):
-    v = body.get(name, default)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
-        raise _bad(f"'{name}' must be a finite number, got {v!r}", name)
-    return float(v)
+    return _get(body, name, default, check.real)
 
 
 def _get_bool(body: dict, name: str, default: bool) -> bool:
-    v = body.get(name, default)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise _bad(f"'{name}' must be a boolean, got {v!r}", name)
-    return v
+    return _get(body, name, default, check.boolean)
 
 
 def _get_str(body: dict, name: str, default):
-    v = body.get(name, default)
-    if v is None:
-        return default
-    if not isinstance(v, str):
-        raise _bad(f"'{name}' must be a string, got {v!r}", name)
-    return v
+    return _get(body, name, default, lambda n, v: check.text(n, v, empty=True))
 
 
 def _check_fields(body: Any, allowed: frozenset) -> None:

@@ -18,14 +18,14 @@ import dataclasses
 import datetime
 import math
 import os
-import signal
 import sys
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from absl import app, logging
 from ml_collections import config_flags
+
+from cbjax.bench.ctrl_c import CtrlC
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CONFIG = config_flags.DEFINE_config_file(
@@ -196,33 +196,6 @@ class Comparison:
     engines: dict[str, dict[str, Any]]  # policy -> engine config, bucket table, warmup time (for the manifest)
     num_requests: int
     interrupted: bool = False
-
-
-class CtrlC:
-    """Ctrl-C as a request, not an exception: the first one sets `pressed` (and says what happens next); the code
-    acts on it at a safe point (between engine steps, after an engine is built). A KeyboardInterrupt raised inside
-    jax's compile or dispatch once left the process to crash at exit. A second Ctrl-C stops at once.
-
-    Off the main thread (where signals cannot be handled) it does nothing."""
-
-    def __init__(self, what_next: str):
-        self.what_next = what_next
-        self.pressed = False
-        self._previous = None
-
-    def _handler(self, signum, frame):
-        self.pressed = True
-        print(f"\nCtrl-C: {self.what_next} (Ctrl-C again to stop at once)", file=sys.stderr)
-        signal.signal(signal.SIGINT, self._previous)
-
-    def __enter__(self) -> CtrlC:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handler)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
 
 
 # Not engine options: they make a data-parallel engine (cbjax/data_parallel.py) of replicas behind a router.

@@ -88,7 +88,7 @@ class LLMEngine:
             if num_pages < 1:
                 raise ValueError(f"the simulated accelerator's memory holds no KV page after the weights: {cost_model}")
         if num_pages is None:
-            page_bytes = kv_cache_bytes_per_page(mcfg, cfg.page_size)
+            page_bytes = kv_cache_bytes_per_page(mcfg, cfg.page_size, cfg.kv_cache_dtype)
             num_pages = int(cfg.kv_cache_memory_gib * 2**30) // page_bytes
             if num_pages < 1:
                 raise ValueError(
@@ -99,7 +99,9 @@ class LLMEngine:
         if cfg.preemption_mode == "swap":
             num_host_pages = cfg.num_host_pages
             if num_host_pages is None:
-                num_host_pages = int(cfg.swap_space_gib * 2**30) // kv_cache_bytes_per_page(mcfg, cfg.page_size)
+                num_host_pages = int(cfg.swap_space_gib * 2**30) // kv_cache_bytes_per_page(
+                    mcfg, cfg.page_size, cfg.kv_cache_dtype
+                )
         if not sim:  # (a simulated accelerator's pool is not this machine's memory)
             _check_fits("KV cache (num_pages / kv_cache_memory_gib)", num_pages, mcfg, cfg, device_memory_bytes())
             _check_fits(
@@ -157,6 +159,7 @@ class LLMEngine:
             else os.path.join(self.compilation_cache_dir, "cbjax-programs"),
             device=device,
             mesh=None if cfg.tensor_parallel_size == 1 else make_mesh(cfg.tensor_parallel_size),
+            kv_cache_dtype=cfg.kv_cache_dtype,
         )
 
     def _sim_runner(self, cfg: EngineConfig, cost_model) -> SimRunner:
@@ -165,7 +168,7 @@ class LLMEngine:
             cost_model,
             self.clock,
             buckets=self.buckets,
-            kv_bytes_per_page=kv_cache_bytes_per_page(mcfg, cfg.page_size),
+            kv_bytes_per_page=kv_cache_bytes_per_page(mcfg, cfg.page_size, cfg.kv_cache_dtype),
             vocab_size=mcfg.vocab_size,
             eos_token_id=mcfg.eos_token_id,
             stop_token_ids=mcfg.extra_eos_token_ids,
@@ -413,7 +416,7 @@ def host_memory_bytes() -> int | None:
 def _check_fits(what: str, num_pages: int, mcfg: ModelConfig, cfg: EngineConfig, limit: int | None) -> None:
     """A pool larger than the memory that would hold it is the user's sizing mistake (GiB vs bytes, one zero too
     many): a ValueError now, not an allocator failure or an out-of-memory kill later."""
-    size = num_pages * kv_cache_bytes_per_page(mcfg, cfg.page_size)
+    size = num_pages * kv_cache_bytes_per_page(mcfg, cfg.page_size, cfg.kv_cache_dtype)
     if limit is not None and size > limit:
         raise ValueError(
             f"the {what}: {num_pages} pages of {cfg.page_size} tokens = {size / 2**30:.3g} GiB, more than the "

@@ -12,6 +12,7 @@ from cbjax.sim.roofline import ACCELERATORS
 
 DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("int8",)  # cbjax.model.quantize.QUANTIZATIONS
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "int8")  # kernels_pallas.kv_quant.KV_CACHE_DTYPES
 ATTENTION_BACKENDS = ("auto", "pallas", "xla")  # kernels_pallas.dispatch.BACKENDS
 WARMUP_MODES = ("background", "full", "none")  # cbjax.runner.model_runner.WARMUP_MODES
 PREEMPTION_MODES = ("recompute", "swap")
@@ -32,6 +33,9 @@ class EngineConfig:
     matmul_dtype: str | None = None  # the linear layers' weights and matmul inputs (ModelConfig.matmul_dtype)
     # "int8": weight-only int8 linears and LM head, one scale per output channel (cbjax/model/quantize.py); None: off.
     quantization: str | None = None
+    # The KV pages' dtype: "auto" (the model's dtype), "float32", "bfloat16", or "int8" (a float32 scale per token
+    # and kv head, dequantized inside attention: kernels_pallas/kv_quant.py). kv_cache_memory_gib then holds more pages.
+    kv_cache_dtype: str = "auto"
     seed: int = 0  # model init (random models) and the default per-request sampling seeds
     # Tensor parallelism: parameters and KV heads split over this many devices (cbjax/runner/sharding.py).
     tensor_parallel_size: int = 1
@@ -81,6 +85,7 @@ class EngineConfig:
             dtype=check.choice("dtype", self.dtype, (None, *DTYPES)),
             matmul_dtype=check.choice("matmul_dtype", self.matmul_dtype, (None, *DTYPES)),
             quantization=check.choice("quantization", self.quantization, (None, *QUANTIZATIONS)),
+            kv_cache_dtype=check.choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES),
             seed=check.integer("seed", self.seed, 0, 2**32 - 1),
             tensor_parallel_size=check.integer("tensor_parallel_size", self.tensor_parallel_size, 1),
             attention_backend=check.choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS),

@@ -39,6 +39,7 @@ def get_config() -> ml_collections.ConfigDict:
     e.max_model_len = 1024  # prompt + output tokens of one request; the workload is clipped to it
     e.dtype = "float32"  # parameters and activations: float32 | bfloat16
     e.matmul_dtype = config_dict.placeholder(str)  # linear layers' weights and matmul inputs (None: dtype)
+    e.kv_cache_dtype = "auto"  # KV pages: auto (= dtype) | float32 | bfloat16 | int8 (docs/memory.md)
     e.seed = 0  # model init and per-request sampling seeds
     e.attention_backend = "auto"  # auto | pallas | xla (auto: xla on CPU)
     e.pallas_interpret = False  # Pallas kernels in interpret mode (CPU debugging only: slow)

@@ -43,9 +43,10 @@ def heldout_tokens(tokenizer) -> np.ndarray:
     return np.asarray(ids, np.int32)
 
 
-def mean_loss(model, windows: np.ndarray, batch: int = 8) -> float:
-    """Mean next-token cross-entropy (nats/token) over windows [n, WINDOW]."""
-    fwd = jax.jit(model.forward_full)
+def mean_loss(model, windows: np.ndarray, batch: int = 8, kv_round_trip=None) -> float:
+    """Mean next-token cross-entropy (nats/token) over windows [n, WINDOW]; `kv_round_trip`: see
+    Llama.forward_full (what a quantized KV cache does to K and V)."""
+    fwd = jax.jit(lambda tokens: model.forward_full(tokens, kv_round_trip=kv_round_trip))
     total, count = 0.0, 0
     for i in range(0, len(windows), batch):
         w = jnp.asarray(windows[i : i + batch])
@@ -56,8 +57,8 @@ def mean_loss(model, windows: np.ndarray, batch: int = 8) -> float:
     return total / count
 
 
-def teacher_forced_agreement(model, prompts, continuations) -> float:
-    fwd = jax.jit(model.forward_full)
+def teacher_forced_agreement(model, prompts, continuations, kv_round_trip=None) -> float:
+    fwd = jax.jit(lambda tokens: model.forward_full(tokens, kv_round_trip=kv_round_trip))
     hits = total = 0
     for p, c in zip(prompts, continuations):
         seq = jnp.asarray([list(p) + list(c)])

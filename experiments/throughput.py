@@ -32,6 +32,7 @@ flags.DEFINE_float("kv_cache_memory_gib", 2.0, "KV cache budget when --num_pages
 flags.DEFINE_integer("max_model_len", None, "default: the workload's longest prompt + output, at least 512")
 flags.DEFINE_string("dtype", "float32", "float32 or bfloat16")
 flags.DEFINE_string("matmul_dtype", None, "bfloat16: bf16 weights and matmul inputs, f32 accumulation")
+flags.DEFINE_string("kv_cache_dtype", "auto", "KV pages: auto | float32 | bfloat16 | int8 (docs/memory.md)")
 flags.DEFINE_string("attention_backend", "auto", "auto | pallas | xla")
 flags.DEFINE_bool("async_scheduling", True, "schedule step n+1 while step n runs")
 flags.DEFINE_integer("tensor_parallel_size", 1, "devices the weights and KV heads are split over (docs/scale.md)")
@@ -82,6 +83,7 @@ def main(argv):
         max_model_len=FLAGS.max_model_len or max(max_len, 512),
         dtype=FLAGS.dtype,
         matmul_dtype=FLAGS.matmul_dtype,
+        kv_cache_dtype=FLAGS.kv_cache_dtype,
         attention_backend=FLAGS.attention_backend,
         async_scheduling=FLAGS.async_scheduling,
         tensor_parallel_size=FLAGS.tensor_parallel_size,

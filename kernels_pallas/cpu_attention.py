@@ -32,6 +32,8 @@ import jax.numpy as jnp
 import jaxlib
 import numpy as np
 
+from kernels_pallas import kv_quant
+
 _SOURCE = pathlib.Path(__file__).with_name("cpu_decode_attention.cc")
 _FLAGS = ("-O3", "-march=native", "-std=c++17", "-fopenmp-simd", "-fPIC", "-shared", "-DNDEBUG")
 _SYMBOL = "CbjaxCpuDecodeAttention"
@@ -159,10 +161,13 @@ def cpu_decode_attention(
     sliding_window: int | None = None,
     soft_cap: float | None = None,
     num_threads: int | None = None,
+    k_scales=None,
+    v_scales=None,
 ):
     """Decode attention over the paged cache: [T, N, H] in q's dtype, the decode sequences' rows filled (all
     heads), zeros elsewhere. Shapes and masking rules: docs/kernels.md. q float32 or bfloat16; k_pages and
-    v_pages one of those too (may differ from q's: a float32 model with a bfloat16 cache).
+    v_pages one of those too (may differ from q's: a float32 model with a bfloat16 cache), or int8 with their
+    float32 scales k_scales / v_scales [K, P, G, 1] (kernels_pallas/kv_quant.py).
     `num_threads` (default: this process's CPUs) caps the threads the kernel uses (1: the calling thread only).
     Jittable; runs on the CPU backend only. Raises RuntimeError if the kernel is unavailable (see `available`)."""
     target = _ensure(build=True)
@@ -174,10 +179,14 @@ def cpu_decode_attention(
             f"expected q [T, N, H], k/v pages [K, P, G, H]; got {q.shape}, {k_pages.shape}, {v_pages.shape}"
         )
     floats = (jnp.float32, jnp.bfloat16)
-    if k_pages.dtype != v_pages.dtype or q.dtype not in floats or k_pages.dtype not in floats:
+    if k_pages.dtype != v_pages.dtype or q.dtype not in floats or k_pages.dtype not in (*floats, jnp.int8):
         raise ValueError(
-            f"q and k_pages = v_pages must be float32 or bfloat16, got {q.dtype}, {k_pages.dtype}, {v_pages.dtype}"
+            "q must be float32 or bfloat16 and k_pages = v_pages that or int8, got "
+            f"{q.dtype}, {k_pages.dtype}, {v_pages.dtype}"
         )
+    kv_quant.check_scales(k_pages, v_pages, k_scales, v_scales)
+    if k_scales is None:  # the handler takes scale buffers always; float pages ignore them
+        k_scales = v_scales = jnp.zeros((1,), jnp.float32)
     T, N, H = q.shape
     K = k_pages.shape[0]
     if k_pages.shape[3] != H or N % K:
@@ -196,6 +205,8 @@ def cpu_decode_attention(
         i32(page_indices),
         i32(cu_q_lens),
         i32(num_seqs).reshape(-1)[:1],
+        k_scales,
+        v_scales,
         sm_scale=np.float32(H**-0.5 if sm_scale is None else sm_scale),
         soft_cap=np.float32(0.0 if soft_cap is None else soft_cap),
         sliding_window=np.int32(0 if sliding_window is None else sliding_window),

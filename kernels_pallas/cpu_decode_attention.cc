@@ -1,7 +1,8 @@
 // Paged decode attention for CPU as an XLA FFI handler (see cpu_attention.py, which builds and registers it).
 //
 // Contract: docs/kernels.md, the decode half of it. q [T, N, H]; k_pages, v_pages [K, P, G, H]; kv_lens [S];
-// page_indices [S, W]; cu_q_lens [S + 1]; num_seqs [1]. For each sequence i < num_seqs whose q_len
+// page_indices [S, W]; cu_q_lens [S + 1]; num_seqs [1]; k_scales, v_scales: for int8 pages their float32 scales
+// [K, P, G, 1] (row (k, p, g) stands for pages[k, p, g] * scales[k, p, g], kv_quant.py), else ignored. For each sequence i < num_seqs whose q_len
 // (cu_q_lens[i + 1] - cu_q_lens[i]) is 1, the output row cu_q_lens[i] gets that query's attention (all N heads;
 // head n reads kv head n / (N / K)) over positions [max(0, kv_len - window), kv_len) of its pages. Every other
 // row (prefill rows, padding) is zero: the Python side fills those from the XLA prefill path.
@@ -15,7 +16,8 @@
 //
 // Vectorisation: plain loops over H (compile-time for the common head dims) that g++ -O3 -march=native turns
 // into AVX-512 (or AVX2) code; reductions are allowed to reassociate by `omp simd` (-fopenmp-simd), and exp is
-// a branch-free polynomial so the softmax vectorises too. bf16 is widened to f32 on load by a 16-bit shift.
+// a branch-free polynomial so the softmax vectorises too. bf16 is widened to f32 on load by a 16-bit shift, int8
+// by a sign extension; an int8 row's scale multiplies its score (K) or its softmax weight (V), never the row.
 //
 // Threads: items are taken from an atomic counter by the calling thread and by up to num_threads - 1 helpers
 // scheduled on XLA's intra-op thread pool. The caller never waits for a helper that has not started: it does
@@ -48,6 +50,7 @@ struct Bf16 {
 };
 
 inline float load(float x) { return x; }
+inline float load(int8_t x) { return static_cast<float>(x); }
 inline float load(Bf16 x) {
   uint32_t u = static_cast<uint32_t>(x.bits) << 16;
   float f;
@@ -65,6 +68,9 @@ inline void store(Bf16* dst, float x) {  // round to nearest even (NaN is not pr
 
 #if defined(__AVX512F__)
 inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
+inline __m512 load16(const int8_t* x) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x))));
+}
 inline __m512 load16(const Bf16* x) {
   __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
@@ -149,6 +155,8 @@ struct Problem {
   const void* q;
   const void* k;
   const void* v;
+  const float* k_scales;  // int8 pages: [K, P, G] (the trailing 1 dropped); else null
+  const float* v_scales;
   void* out;
   const int32_t* page_indices;
 };
@@ -180,6 +188,8 @@ void attend(const Problem& p, const Item& it, int64_t kh, Scratch& scratch) {
 
   const E* kbase = static_cast<const E*>(p.k) + kh * p.P * G * H;
   const E* vbase = static_cast<const E*>(p.v) + kh * p.P * G * H;
+  const float* kscale = p.k_scales ? p.k_scales + kh * p.P * G : nullptr;  // row scales of kv head kh
+  const float* vscale = p.v_scales ? p.v_scales + kh * p.P * G : nullptr;
   const int32_t* table = p.page_indices + static_cast<int64_t>(it.seq) * p.W;
   auto page_of = [&](int64_t j) -> int64_t {
     int64_t page = table[j];
@@ -205,12 +215,14 @@ void attend(const Problem& p, const Item& it, int64_t kh, Scratch& scratch) {
   for (int64_t j = it.start / G; j * G < it.end; ++j) {
     const int64_t lo = std::max<int64_t>(it.start, j * G), hi = std::min<int64_t>(it.end, (j + 1) * G);
     const E* kp = kbase + page_of(j) * G * H;
+    const float* ks = kscale ? kscale + page_of(j) * G : nullptr;
     prefetch_page(kbase, j + kPrefetchPages);
     if (j + kPrefetchPages > last_page) prefetch_page(vbase, it.start / G + j + kPrefetchPages - last_page - 1);
     for (int64_t pos = lo; pos < hi; ++pos) {
       const E* __restrict krow = kp + (pos - j * G) * H;
+      const float row_scale = ks ? ks[pos - j * G] : 1.0f;
       for (int64_t r = 0; r < R; ++r) {
-        float x = dot<E, HC>(qs + r * H, krow, H);
+        float x = dot<E, HC>(qs + r * H, krow, H) * row_scale;
         if (cap > 0.0f) x = cap * std::tanh(x / cap);
         s[r * n + (pos - it.start)] = x;
         m[r] = std::max(m[r], x);
@@ -232,6 +244,15 @@ void attend(const Problem& p, const Item& it, int64_t kh, Scratch& scratch) {
       sum += e;
     }
     inv_sum[r] = 1.0f / sum;  // sum >= 1: the max itself contributes exp(0)
+  }
+  // int8 V: weight each row's softmax numerator by the row's scale (p * (v * scale) = (p * scale) * v).
+  if (vscale) {
+    for (int64_t j = it.start / G; j * G < it.end; ++j) {
+      const int64_t lo = std::max<int64_t>(it.start, j * G), hi = std::min<int64_t>(it.end, (j + 1) * G);
+      const float* __restrict vs = vscale + page_of(j) * G;
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t pos = lo; pos < hi; ++pos) s[r * n + (pos - it.start)] *= vs[pos - j * G];
+    }
   }
 
   // Pass 2: acc[r] += p[r, pos] * v[pos], page by page; a page's rows stay in L1 across the R query heads.
@@ -269,6 +290,7 @@ AttendFn pick(int64_t H) {
 
 template <typename Q>
 AttendFn pick(ffi::DataType kv, int64_t H) {
+  if (kv == ffi::DataType::S8) return pick<Q, int8_t>(H);
   return kv == ffi::DataType::F32 ? pick<Q, float>(H) : pick<Q, Bf16>(H);
 }
 
@@ -307,10 +329,11 @@ struct Batch {
 // Aliases: a comma inside a template argument list would split the handler macro's arguments.
 using I32Vector = ffi::Buffer<ffi::S32, 1>;
 using I32Matrix = ffi::Buffer<ffi::S32, 2>;
+using F32Buffer = ffi::Buffer<ffi::F32>;
 
 ffi::Error DecodeAttention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k_pages, ffi::AnyBuffer v_pages,
                            I32Vector kv_lens, I32Matrix page_indices, I32Vector cu_q_lens,
-                           I32Vector num_seqs, float sm_scale,
+                           I32Vector num_seqs, F32Buffer k_scales, F32Buffer v_scales, float sm_scale,
                            float soft_cap, int32_t sliding_window, int32_t num_threads,
                            ffi::Result<ffi::AnyBuffer> out) {
   auto qd = q.dimensions(), kd = k_pages.dimensions(), pd = page_indices.dimensions();
@@ -318,8 +341,9 @@ ffi::Error DecodeAttention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffe
     return ffi::Error::InvalidArgument("expected q [T, N, H] and k_pages, v_pages [K, P, G, H]");
   const ffi::DataType dt = q.element_type(), kv_dt = k_pages.element_type();
   auto is_float = [](ffi::DataType t) { return t == ffi::DataType::F32 || t == ffi::DataType::BF16; };
-  if (!is_float(dt) || !is_float(kv_dt))
-    return ffi::Error::InvalidArgument("q and the K/V pages must be float32 or bfloat16");
+  const bool quantized = kv_dt == ffi::DataType::S8;
+  if (!is_float(dt) || !(is_float(kv_dt) || quantized))
+    return ffi::Error::InvalidArgument("q must be float32 or bfloat16, the K/V pages that or int8");
   if (v_pages.element_type() != kv_dt || out->element_type() != dt)
     return ffi::Error::InvalidArgument("k_pages and v_pages must share a dtype, and the output must have q's");
   auto vd = v_pages.dimensions();
@@ -343,6 +367,14 @@ ffi::Error DecodeAttention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffe
   p.q = q.untyped_data();
   p.k = k_pages.untyped_data();
   p.v = v_pages.untyped_data();
+  p.k_scales = p.v_scales = nullptr;
+  if (quantized) {
+    const int64_t rows = p.K * p.P * p.G;
+    if (k_scales.element_count() != rows || v_scales.element_count() != rows)
+      return ffi::Error::InvalidArgument("int8 pages need k_scales and v_scales [K, P, G, 1]");
+    p.k_scales = k_scales.typed_data();
+    p.v_scales = v_scales.typed_data();
+  }
   p.out = out->untyped_data();
   p.page_indices = page_indices.typed_data();
 
@@ -388,6 +420,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(CbjaxCpuDecodeAttention, DecodeAttention,
                                   .Arg<I32Matrix>()                 // page_indices [S, W]
                                   .Arg<I32Vector>()                 // cu_q_lens [S + 1]
                                   .Arg<I32Vector>()                 // num_seqs [1]
+                                  .Arg<F32Buffer>()                 // k_scales [K, P, G, 1] (int8 pages)
+                                  .Arg<F32Buffer>()                 // v_scales
                                   .Attr<float>("sm_scale")
                                   .Attr<float>("soft_cap")          // <= 0: none
                                   .Attr<int32_t>("sliding_window")  // <= 0: none

@@ -36,8 +36,11 @@ def ragged_attention(
     backend: str = "auto",
     interpret: bool = False,
     mesh=None,
+    k_scales=None,
+    v_scales=None,
 ):
-    """Attention of a flat mixed batch over the paged cache; see xla_attention.py for the contract.
+    """Attention of a flat mixed batch over the paged cache; see xla_attention.py for the contract. An int8 cache
+    passes its scales [K, P, G, 1] as k_scales / v_scales (kernels_pallas/kv_quant.py).
 
     `mesh`: with a "model" axis that divides the kv heads, the heads are split over it and each device attends
     with its own (q heads n with kv head n // (N / K) stay together: both are split in contiguous blocks); every
@@ -45,23 +48,26 @@ def ragged_attention(
     if mesh is not None and mesh.shape.get("model", 1) > 1 and k_pages.shape[0] % mesh.shape["model"] == 0:
         from jax.sharding import PartitionSpec as P
 
-        def per_shard(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs):
+        def per_shard(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs, scales):
             return ragged_attention(
                 q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
                 sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap, backend=backend,
-                interpret=interpret,
+                interpret=interpret, **scales,
             )  # fmt: skip
 
         heads = P(None, "model", None)
+        scales = {} if k_scales is None else dict(k_scales=k_scales, v_scales=v_scales)  # split like the pages
         return jax.shard_map(
             per_shard,
             mesh=mesh,
-            in_specs=(heads, P("model"), P("model"), P(), P(), P(), P()),
+            in_specs=(heads, P("model"), P("model"), P(), P(), P(), P(), {k: P("model") for k in scales}),
             out_specs=heads,
             check_vma=False,
-        )(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
+        )(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs, scales)
     backend = resolve_backend(backend)
     kw = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
+    if k_scales is not None or v_scales is not None:
+        kw.update(k_scales=k_scales, v_scales=v_scales)
     if backend == "xla":
         return xla_ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs, **kw)
     from kernels_pallas.ragged_paged_attention import ragged_paged_attention

@@ -40,3 +40,27 @@ def dequantize(pages: jax.Array, scales: jax.Array | None) -> jax.Array:
     if scales is None:
         return pages.astype(jnp.float32)
     return pages.astype(jnp.float32) * scales.astype(jnp.float32)
+
+
+def round_trip(x: jax.Array) -> jax.Array:
+    """What an int8 cache gives back for rows x [..., H]: dequantize(quantize(x)), in x's dtype."""
+    return dequantize(*quantize(x)).astype(x.dtype)
+
+
+def check_scales(k_pages, v_pages, k_scales, v_scales) -> None:
+    """int8 pages need float32 scales [K, P, G, 1] for K and V; float pages take none."""
+    quantized = k_pages.dtype == jnp.int8
+    if v_pages.dtype != k_pages.dtype:
+        raise ValueError(f"k_pages and v_pages must share a dtype, got {k_pages.dtype} and {v_pages.dtype}")
+    if (k_scales is None) != (v_scales is None):
+        raise ValueError("k_scales and v_scales go together: pass both or neither")
+    if not quantized:
+        if k_scales is not None:
+            raise ValueError(f"k_scales / v_scales are for int8 pages, got {k_pages.dtype} pages")
+        return
+    want = (*k_pages.shape[:3], 1)
+    for name, s in (("k_scales", k_scales), ("v_scales", v_scales)):
+        if s is None:
+            raise ValueError("int8 pages need their scales: k_scales and v_scales [K, P, G, 1] float32")
+        if tuple(s.shape) != want or s.dtype != jnp.float32:
+            raise ValueError(f"{name} must be float32 {list(want)}, got {s.dtype} {list(s.shape)}")

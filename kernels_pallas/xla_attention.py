@@ -29,7 +29,7 @@ import os
 import jax
 import jax.numpy as jnp
 
-from kernels_pallas import cpu_attention
+from kernels_pallas import cpu_attention, kv_quant
 
 _NEG = -1e30
 DECODE_IMPLS = ("auto", "ffi", "xla")
@@ -98,11 +98,19 @@ def xla_ragged_paged_attention(
     prefill_kv_block: int = 256,
     q_block: int = 128,
     decode_impl: str = "auto",
+    k_scales=None,
+    v_scales=None,
 ):
+    """int8 pages come with their scales k_scales / v_scales [K, P, G, 1] (kernels_pallas/kv_quant.py): each
+    gathered block is dequantized in float32 before use, then masked like float pages (a NaN scale in an unused
+    row never reaches an output)."""
     decode_impl = resolve_decode_impl(decode_impl)
     q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs = (
         jnp.asarray(x) for x in (q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
     )
+    k_scales, v_scales = (None if x is None else jnp.asarray(x) for x in (k_scales, v_scales))
+    kv_quant.check_scales(k_pages, v_pages, k_scales, v_scales)
+    dequant = lambda pages, scales, *idx: kv_quant.dequantize(pages[idx], None if scales is None else scales[idx])
     T, N, H = q.shape
     K, _, G, _ = k_pages.shape
     S, W = page_indices.shape
@@ -153,9 +161,9 @@ def xla_ragged_paged_attention(
             if sliding_window is not None:
                 valid &= pos[None, :] > kvl[:, None] - 1 - sliding_window
             # Scores of masked positions are replaced (NaN-safe); V must be zeroed, since 0 * NaN is NaN.
-            k = k_pages[:, pages].reshape(K, sb, pb * G, H).astype(jnp.float32)
-            v = v_pages[:, pages].reshape(K, sb, pb * G, H)
-            v = jnp.where(valid[None, :, :, None], v.astype(jnp.float32), 0.0)
+            k = dequant(k_pages, k_scales, slice(None), pages).reshape(K, sb, pb * G, H)
+            v = dequant(v_pages, v_scales, slice(None), pages).reshape(K, sb, pb * G, H)
+            v = jnp.where(valid[None, :, :, None], v, 0.0)
             s = cap(jnp.einsum("ksrh,ksch->ksrc", qb, k))
             m, l, acc, p = _online_update(carry, s, valid[None, :, None, :], v)
             return m, l, acc + jnp.einsum("ksrc,ksch->ksrh", p, v)
@@ -167,6 +175,8 @@ def xla_ragged_paged_attention(
 
     if decode_impl == "ffi":  # decode rows filled, zeros elsewhere
         kw = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
+        if k_scales is not None:
+            kw.update(k_scales=k_scales, v_scales=v_scales)
         dec_out = cpu_attention.cpu_decode_attention(
             q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs, **kw
         )
@@ -218,8 +228,8 @@ def xla_ragged_paged_attention(
             pos_c = c - cu_kv[seg_c]
             col_valid = c < cu_kv[-1]
             page = page_indices[seg_c, jnp.clip(pos_c // G, 0, W - 1)]
-            k = k_pages[:, page, pos_c % G].astype(jnp.float32)
-            v = jnp.where(col_valid[None, :, None], v_pages[:, page, pos_c % G].astype(jnp.float32), 0.0)
+            k = dequant(k_pages, k_scales, slice(None), page, pos_c % G)
+            v = jnp.where(col_valid[None, :, None], dequant(v_pages, v_scales, slice(None), page, pos_c % G), 0.0)
             valid = (
                 rows_pf[:, None]
                 & col_valid[None, :]

@@ -28,10 +28,17 @@ def random_workload(n: int, seed: int, vocab: int, prompt_range=(1, 300), max_to
 _FWD_CACHE = {}
 
 
-def greedy_reference(model, prompts, max_tokens, width: int) -> list[list[int]]:
+def greedy_reference(model, prompts, max_tokens, width: int, quantize_kv: bool = False) -> list[list[int]]:
     """Greedy decoding with the plain full-sequence forward (no cache): every request in one padded batch,
-    recomputed from scratch at every position. Causal attention makes the padding after each row harmless."""
-    fwd = _FWD_CACHE.setdefault(id(model), jax.jit(model.forward_full))
+    recomputed from scratch at every position. Causal attention makes the padding after each row harmless.
+    `quantize_kv`: the oracle of an int8 KV cache (K and V rounded through int8, see Llama.forward_full)."""
+    from kernels_pallas import kv_quant
+
+    key = (id(model), quantize_kv)
+    round_trip = kv_quant.round_trip if quantize_kv else None
+    fwd = _FWD_CACHE.get(key) or _FWD_CACHE.setdefault(
+        key, jax.jit(lambda tokens: model.forward_full(tokens, kv_round_trip=round_trip))
+    )
     n = len(prompts)
     toks = np.zeros((n, width), np.int32)
     lens = np.array([len(p) for p in prompts])

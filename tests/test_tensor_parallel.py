@@ -1,6 +1,6 @@
 """Tensor parallelism on 8 fake CPU devices (a subprocess: the device count is fixed when jax starts): TP 2, 4 and
 8 generate one device's greedy tokens, token for token (every policy at TP 2), with parameters and KV pages really
-split, nothing compiled after warmup and every page back at the end."""
+split, nothing compiled after warmup and every page back at the end; an int8 KV cache splits its scales too."""
 
 from tests.helpers import run_on_fake_devices
 
@@ -64,6 +64,13 @@ report["pallas"] = dict(
     same=[o.outputs[0].token_ids for o in LLM.from_engine(engine).generate(*few)]
     == [o.outputs[0].token_ids for o in LLM(model, **opts).generate(*few)]
 )
+# An int8 KV cache at TP 2: its scales split by kv head with the pages.
+int8 = LLMEngine(model, tensor_parallel_size=2, kv_cache_dtype="int8", warmup=False, **opts)
+report["int8_kv"] = dict(
+    same=[o.outputs[0].token_ids for o in LLM.from_engine(int8).generate(*few)]
+    == [o.outputs[0].token_ids for o in LLM(model, kv_cache_dtype="int8", **opts).generate(*few)],
+    scale_shard=list(int8.runner.kv_caches[0][2].addressable_shards[0].data.shape),
+)
 print("REPORT " + json.dumps(report))
 """
 
@@ -71,6 +78,8 @@ print("REPORT " + json.dumps(report))
 def test_tensor_parallel_2_4_8_equal_one_device():
     report = run_on_fake_devices(SCRIPT, 8)
     assert report.pop("pallas")["same"]  # the Pallas kernel runs per shard too
+    int8 = report.pop("int8_kv")
+    assert int8["same"] and int8["scale_shard"] == [1, 41, 8, 1]  # 2 kv heads split over 2 devices, pages + spare
     tinypy = report.pop("tinypy")
     assert tinypy["same"] and tinypy["whole_matrices_on_one_device"] == []
     assert len(report) == 14

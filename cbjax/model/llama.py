@@ -16,7 +16,7 @@ from flax import nnx
 
 from cbjax.model.config import ModelConfig
 from cbjax.model.rope import apply_rope, inv_frequencies
-from kernels_pallas import ragged_attention
+from kernels_pallas import kv_quant, ragged_attention
 
 
 class AttentionMetadata(typing.NamedTuple):
@@ -27,6 +27,13 @@ class AttentionMetadata(typing.NamedTuple):
     page_indices: jax.Array  # [B, W] page table
     cu_q_lens: jax.Array  # [B+1] token offsets of each sequence in the flat batch
     num_seqs: jax.Array  # [1]
+
+
+def _write_rows(pages, rows, slot_mapping):
+    """pages [K, P, G, X] with rows [T, K, X] written at flat rows slot_mapping [T] (page * G + offset)."""
+    Kh, P, G, X = pages.shape
+    flat = pages.reshape(Kh, P * G, X).at[:, slot_mapping].set(rows.transpose(1, 0, 2).astype(pages.dtype))
+    return flat.reshape(Kh, P, G, X)
 
 
 class RMSNorm(nnx.Module):
@@ -82,29 +89,25 @@ class Attention(nnx.Module):
         inv_freq = inv_frequencies(H, cfg.rope_theta, cfg.rope_scaling)
         return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
 
-    def __call__(self, x, positions, k_pages, v_pages, md: AttentionMetadata, backend: str, interpret: bool, mesh=None):
-        """x [T, D] -> [T, D]; k_pages, v_pages [K, P, G, H] updated with this step's tokens. `mesh`: tensor
-        parallelism (attention split by kv heads, see kernels_pallas.dispatch)."""
+    def __call__(self, x, positions, cache: tuple, md: AttentionMetadata, backend: str, interpret: bool, mesh=None):
+        """x [T, D] -> ([T, D], the layer's cache updated with this step's tokens). `cache`: (k_pages, v_pages)
+        [K, P, G, H], or with an int8 cache (k_pages, v_pages, k_scales, v_scales), the scales [K, P, G, 1]
+        (kernels_pallas/kv_quant.py). `mesh`: tensor parallelism (attention split by kv heads, see
+        kernels_pallas.dispatch)."""
         T = x.shape[0]
         q, k, v = self._qkv(x, positions)
-        Kh, P, G, H = k_pages.shape
-        # Scatter the new K/V rows into the flat view of the cache; padding tokens write to the spare page.
-        k_pages = (
-            k_pages.reshape(Kh, P * G, H)
-            .at[:, md.slot_mapping]
-            .set(k.transpose(1, 0, 2).astype(k_pages.dtype))
-            .reshape(Kh, P, G, H)
-        )
-        v_pages = (
-            v_pages.reshape(Kh, P * G, H)
-            .at[:, md.slot_mapping]
-            .set(v.transpose(1, 0, 2).astype(v_pages.dtype))
-            .reshape(Kh, P, G, H)
-        )
+        if len(cache) == 4:  # int8 pages: each new row is quantized once, here, with its own scale
+            (k, k_scale), (v, v_scale) = kv_quant.quantize(k), kv_quant.quantize(v)
+            rows = (k, v, k_scale, v_scale)
+        else:
+            rows = (k, v)
+        # Scatter the new rows into the flat view of each array; padding tokens write to the spare page.
+        cache = tuple(_write_rows(pages, new, md.slot_mapping) for pages, new in zip(cache, rows))
+        scales = dict(k_scales=cache[2], v_scales=cache[3]) if len(cache) == 4 else {}
         out = ragged_attention(
             q,
-            k_pages,
-            v_pages,
+            cache[0],
+            cache[1],
             md.kv_lens,
             md.page_indices,
             md.cu_q_lens,
@@ -113,15 +116,20 @@ class Attention(nnx.Module):
             backend=backend,
             interpret=interpret,
             mesh=mesh,
+            **scales,
         )
-        return self.o_proj(out.reshape(T, -1)), k_pages, v_pages
+        return self.o_proj(out.reshape(T, -1)), cache
 
-    def full(self, x, positions):
-        """Dense causal attention over x [B, S, D], no cache."""
+    def full(self, x, positions, kv_round_trip: Callable | None = None):
+        """Dense causal attention over x [B, S, D], no cache. `kv_round_trip`: what storing K and V [B, S, K, H] in
+        a cache does to them, applied first (kv_quant.round_trip: the int8 cache, as the serving forward with
+        kv_cache_dtype="int8" reads them back)."""
         cfg = self.cfg
         B, S, _ = x.shape
         N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.dim_per_head
         q, k, v = self._qkv(x, positions)
+        if kv_round_trip is not None:
+            k, v = kv_round_trip(k), kv_round_trip(v)
         q = q.astype(jnp.float32).reshape(B, S, K, N // K, H) * H**-0.5
         s = jnp.einsum("bskrh,btkh->bkrst", q, k.astype(jnp.float32))
         i, j = jnp.arange(S)[:, None], jnp.arange(S)[None, :]
@@ -184,13 +192,11 @@ class Llama(nnx.Module):
         """Serving forward: tokens, positions [T] -> final hidden states [T, D] and the updated caches."""
         x = self.embed(tokens)
         new_caches = []
-        for layer, (k_pages, v_pages) in zip(self.layers, kv_caches):
-            h, k_pages, v_pages = layer.attn(
-                layer.input_norm(x), positions, k_pages, v_pages, md, backend, interpret, mesh
-            )
+        for layer, cache in zip(self.layers, kv_caches):
+            h, cache = layer.attn(layer.input_norm(x), positions, cache, md, backend, interpret, mesh)
             x = x + h
             x = x + layer.mlp(layer.post_attn_norm(x))
-            new_caches.append((k_pages, v_pages))
+            new_caches.append(cache)
         return self.norm(x), new_caches
 
     def logits(self, hidden):
@@ -199,12 +205,13 @@ class Llama(nnx.Module):
             return self.embed.attend(hidden).astype(jnp.float32)
         return self.lm_head(hidden).astype(jnp.float32)
 
-    def forward_full(self, tokens):
-        """Oracle: tokens [B, S] -> logits [B, S, V] with plain causal attention and no cache."""
+    def forward_full(self, tokens, kv_round_trip: Callable | None = None):
+        """Oracle: tokens [B, S] -> logits [B, S, V] with plain causal attention and no cache. `kv_round_trip`:
+        kv_quant.round_trip for the oracle of an int8 KV cache (see Attention.full)."""
         positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
         x = self.embed(tokens)
         for layer in self.layers:
-            x = x + layer.attn.full(layer.input_norm(x), positions)
+            x = x + layer.attn.full(layer.input_norm(x), positions, kv_round_trip)
             x = x + layer.mlp(layer.post_attn_norm(x))
         return self.logits(self.norm(x))
 
@@ -243,6 +250,15 @@ def init_model(cfg: ModelConfig, seed: int = 0, on_host: bool = False) -> Llama:
     return build_model(cfg, value_of, on_host)
 
 
-def kv_cache_bytes_per_page(cfg: ModelConfig, page_size: int, dtype=None) -> int:
-    itemsize = np.dtype(jnp.dtype(dtype or cfg.dtype)).itemsize
-    return 2 * cfg.num_layers * cfg.num_kv_heads * page_size * cfg.dim_per_head * itemsize
+def kv_cache_dtype(cfg: ModelConfig, kv_cache_dtype: str | None = "auto") -> jnp.dtype:
+    """The dtype of the KV pages: the model's for "auto" (or None), else the one named (int8: kv_quant.py)."""
+    if kv_cache_dtype not in (None, *kv_quant.KV_CACHE_DTYPES):
+        raise ValueError(f"kv_cache_dtype must be one of {kv_quant.KV_CACHE_DTYPES}, got {kv_cache_dtype!r}")
+    return jnp.dtype(cfg.dtype if kv_cache_dtype in (None, "auto") else kv_cache_dtype)
+
+
+def kv_cache_bytes_per_page(cfg: ModelConfig, page_size: int, kv_cache_dtype_name: str | None = "auto") -> int:
+    """Bytes of one KV page over every layer: K and V, plus an int8 cache's float32 scale per token and kv head."""
+    dt = kv_cache_dtype(cfg, kv_cache_dtype_name)
+    per_token_and_head = cfg.dim_per_head * dt.itemsize + (4 if dt == jnp.int8 else 0)
+    return 2 * cfg.num_layers * cfg.num_kv_heads * page_size * per_token_and_head

@@ -1,7 +1,9 @@
 """Preemption by swap, the runner side: a host-memory pool of KV pages and the device-side page gather / scatter.
 
 A swapped-out page travels as one block holding every layer's K and V: [L, 2, K, G, H]. The host pool stores pages
-contiguously ([NP, L, 2, K, G, H], NP host pages), so writing or reading one page is a single memcpy.
+contiguously ([NP, L, 2, K, G, H], NP host pages), so writing or reading one page is a single memcpy. An int8 cache
+(kernels_pallas/kv_quant.py) moves each page's scales with it, as a second block [L, 2, K, G, 1] in a second host
+array: a page and its scales always travel in the same call.
 
 Each device call moves a bucketed number of pages (powers of two up to a cap), so there are only a few compiled
 programs and warmup compiles all of them. Lists longer than the cap run as several calls of cap pages. Padding
@@ -20,19 +22,31 @@ MIN_BUCKET = 4
 MAX_PAGES_PER_CALL = 64
 
 
+def _groups(kv_caches) -> int:
+    """Blocks per page: 1 (K and V pages), or 2 with an int8 cache's (k_scales, v_scales)."""
+    return len(kv_caches[0]) // 2
+
+
 @jax.jit
 def _gather(kv_caches, idx):
-    """kv_caches: L x ([K, P+1, G, H], same); idx: [n] int32 device pages -> [n, L, 2, K, G, H]."""
-    pages = jnp.stack([jnp.stack([k[:, idx], v[:, idx]]) for k, v in kv_caches])  # [L, 2, K, n, G, H]
-    return jnp.moveaxis(pages, 3, 0)
+    """kv_caches: L x (k [K, P+1, G, X], v same[, k_scales, v_scales]); idx: [n] int32 device pages -> one
+    [n, L, 2, K, G, X] block per pair (pages, then scales)."""
+    out = []
+    for g in range(_groups(kv_caches)):
+        pages = jnp.stack([jnp.stack([c[2 * g][:, idx], c[2 * g + 1][:, idx]]) for c in kv_caches])
+        out.append(jnp.moveaxis(pages, 3, 0))  # [L, 2, K, n, G, X] -> [n, L, 2, K, G, X]
+    return tuple(out)
 
 
 # Donated like the runner's step, so the scatter updates the cache in place instead of copying every page.
 @functools.partial(jax.jit, donate_argnums=(0,))
-def _scatter(kv_caches, idx, pages):
-    """Write pages [n, L, 2, K, G, H] into device pages idx [n]; returns the updated caches."""
-    pages = jnp.moveaxis(pages, 0, 3)  # [L, 2, K, n, G, H]
-    return [(k.at[:, idx].set(pages[l, 0]), v.at[:, idx].set(pages[l, 1])) for l, (k, v) in enumerate(kv_caches)]
+def _scatter(kv_caches, idx, blocks):
+    """Write blocks (as `_gather` returns them) into device pages idx [n]; returns the updated caches."""
+    blocks = [jnp.moveaxis(b, 0, 3) for b in blocks]  # [L, 2, K, n, G, X]
+    return [
+        tuple(a.at[:, idx].set(blocks[i // 2][l, i % 2]) for i, a in enumerate(cache))
+        for l, cache in enumerate(kv_caches)
+    ]
 
 
 def page_buckets(num_device_pages: int, cap: int = MAX_PAGES_PER_CALL) -> tuple[int, ...]:
@@ -64,6 +78,7 @@ class HostKVPool:
         head_dim: int,
         dtype,
         max_pages_per_call: int = MAX_PAGES_PER_CALL,
+        quantized: bool = False,
     ):
         if num_host_pages < 1:
             raise ValueError(f"num_host_pages must be >= 1, got {num_host_pages}")
@@ -72,9 +87,14 @@ class HostKVPool:
         self.pad_page = num_device_pages
         self.page_shape = (num_layers, 2, num_kv_heads, page_size, head_dim)  # [L, 2, K, G, H]
         self.dtype = np.dtype(jnp.dtype(dtype))
+        # Each block of a page: the K/V pages, and an int8 cache's scales. (shape, dtype) per block.
+        self.blocks = [(self.page_shape, self.dtype)]
+        if quantized:
+            self.blocks.append(((*self.page_shape[:-1], 1), np.dtype(np.float32)))
         # Allocated up front: the user sized the pool (swap_space_gib), and a failure should come at start-up.
-        self.host = np.empty((num_host_pages, *self.page_shape), self.dtype)  # [NP, L, 2, K, G, H]
-        self.bytes_per_page = int(np.prod(self.page_shape)) * self.dtype.itemsize
+        self.hosts = [np.empty((num_host_pages, *shape), dt) for shape, dt in self.blocks]  # [NP, L, 2, K, G, X]
+        self.host = self.hosts[0]
+        self.bytes_per_page = sum(int(np.prod(shape)) * dt.itemsize for shape, dt in self.blocks)
         self.buckets = page_buckets(num_device_pages, max_pages_per_call)
 
     # ---- validation -------------------------------------------------------------------------------------------
@@ -130,17 +150,21 @@ class HostKVPool:
         chunks = list(self._chunks(len(device_pages)))
         # Dispatch every gather first, then fetch them in one device_get: the transfers overlap.
         gathered = [_gather(kv_caches, self._padded(device_pages[lo:hi], b)) for lo, hi, b in chunks]
-        for (lo, hi, _), pages in zip(chunks, jax.device_get(gathered)):
-            self.host[host_pages[lo:hi]] = pages[: hi - lo]  # the padding rows (spare page) are dropped here
+        for (lo, hi, _), blocks in zip(chunks, jax.device_get(gathered)):
+            for host, block in zip(self.hosts, blocks):
+                host[host_pages[lo:hi]] = block[: hi - lo]  # the padding rows (spare page) are dropped here
 
     def swap_in(self, kv_caches, host_pages: np.ndarray, device_pages: np.ndarray):
         """Copy host pages -> device pages (validated indices); returns the new caches (the old are donated)."""
         for lo, hi, b in self._chunks(len(host_pages)):
             m = hi - lo
-            staged = np.empty((b, *self.page_shape), self.dtype)
-            staged[:m] = self.host[host_pages[lo:hi]]
-            staged[m:] = 0  # goes to the spare page; zeros rather than whatever np.empty held (no stray NaN)
-            kv_caches = _scatter(kv_caches, self._padded(device_pages[lo:hi], b), staged)
+            staged = []
+            for host, (shape, dt) in zip(self.hosts, self.blocks):
+                block = np.empty((b, *shape), dt)
+                block[:m] = host[host_pages[lo:hi]]
+                block[m:] = 0  # goes to the spare page; zeros rather than whatever np.empty held (no stray NaN)
+                staged.append(block)
+            kv_caches = _scatter(kv_caches, self._padded(device_pages[lo:hi], b), tuple(staged))
         return kv_caches
 
     def warmup(self, kv_caches):
@@ -148,6 +172,7 @@ class HostKVPool:
         for b in self.buckets:
             idx = np.full(b, self.pad_page, np.int32)
             jax.block_until_ready(_gather(kv_caches, idx))
-            kv_caches = _scatter(kv_caches, idx, np.zeros((b, *self.page_shape), self.dtype))
+            zeros = tuple(np.zeros((b, *shape), dt) for shape, dt in self.blocks)
+            kv_caches = _scatter(kv_caches, idx, zeros)
         jax.block_until_ready(kv_caches)
         return kv_caches

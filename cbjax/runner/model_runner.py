@@ -12,6 +12,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from cbjax.core.scheduler_output import SchedulerOutput
 from cbjax.model.llama import AttentionMetadata, Llama
+from cbjax.model.llama import kv_cache_dtype as kv_cache_dtype_of
 from cbjax.runner import kv_swap, sharding
 from cbjax.runner.compile_counter import CompileCounter
 from cbjax.runner.program_cache import ProgramCache
@@ -128,6 +129,7 @@ class ModelRunner:
         program_cache_dir: str | None = None,
         device: "jax.Device | None" = None,
         mesh: "jax.sharding.Mesh | None" = None,
+        kv_cache_dtype: str = "auto",
     ):
         cfg = model.cfg
         # The device this runner's parameters, KV pages and programs live on (None: jax's default). Replicas of a
@@ -157,13 +159,18 @@ class ModelRunner:
         self.backend = backend
         self.interpret = interpret
         shape = (cfg.num_kv_heads, num_pages + 1, page_size, cfg.dim_per_head)
-        dt = jnp.dtype(cfg.dtype)
+        dt = kv_cache_dtype_of(cfg, kv_cache_dtype)
+        # Per layer (k_pages, v_pages), and for int8 pages their scales [K, P+1, G, 1] too (kernels_pallas/kv_quant.py).
+        arrays = [(shape, dt), (shape, dt)]
+        if dt == jnp.int8:
+            arrays += [(shape[:3] + (1,), jnp.dtype(jnp.float32))] * 2
         if mesh is not None:
             kv_sharding = NamedSharding(mesh, sharding.kv_spec(cfg.num_kv_heads, mesh))
-            zeros = lambda: sharding.zeros_global(shape, dt, kv_sharding)
-            self.kv_caches = [(zeros(), zeros()) for _ in range(cfg.num_layers)]
+            zeros = lambda shape, dt: sharding.zeros_global(shape, dt, kv_sharding)
         else:
-            self.kv_caches = put([(jnp.zeros(shape, dt), jnp.zeros(shape, dt)) for _ in range(cfg.num_layers)])
+            zeros = lambda shape, dt: put(jnp.zeros(shape, dt))
+        self.kv_caches = [tuple(zeros(*a) for a in arrays) for _ in range(cfg.num_layers)]
+        self.kv_cache_dtype = dt
         # Several processes (multi-host, jax.distributed): the step's host inputs become global arrays too.
         self._global_inputs = mesh is not None and jax.process_count() > 1
         if num_host_pages < 0:
@@ -181,6 +188,7 @@ class ModelRunner:
                 head_dim=cfg.dim_per_head,
                 dtype=dt,
                 max_pages_per_call=swap_pages_per_call,
+                quantized=dt == jnp.int8,
             )
         )
         self.compiles = CompileCounter()  # programs this runner's calls compiled (warmup included)

@@ -25,7 +25,7 @@ CONFIGS = sorted(
     + glob.glob(os.path.join(ROOT, "configs", "sim_*.py"))
     + [
         os.path.join(ROOT, "configs", f)
-        for f in ("policy_zoo.py", "prefix_cache.py", "preemption.py", "sliding_window.py", "routers.py")
+        for f in ("policy_zoo.py", "prefix_cache.py", "preemption.py", "sliding_window.py", "routers.py", "kv_int8.py")
     ]
 )
 ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}

@@ -27,7 +27,7 @@ def model():
     return init_model(get_model_config("test-tiny"), seed=0)
 
 
-def make_runner(model, num_host_pages=HOST_PAGES, cap=CAP):
+def make_runner(model, num_host_pages=HOST_PAGES, cap=CAP, **options):
     buckets = BucketTable.build(max_num_batched_tokens=16, max_model_len=64, page_size=PAGE_SIZE, max_num_seqs=2)
     return ModelRunner(
         model,
@@ -36,6 +36,7 @@ def make_runner(model, num_host_pages=HOST_PAGES, cap=CAP):
         buckets=buckets,
         num_host_pages=num_host_pages,
         swap_pages_per_call=cap,
+        **options,
     )
 
 
@@ -43,7 +44,8 @@ def fill_random(runner, seed):
     """Random (nonzero) contents in every page, so a copy that moved nothing cannot pass for one that did."""
     rng = np.random.default_rng(seed)
     runner.kv_caches = [
-        tuple(jnp.asarray(rng.standard_normal(k.shape).astype(k.dtype)) for k in layer) for layer in runner.kv_caches
+        tuple(jnp.asarray((50 * rng.standard_normal(k.shape)).astype(k.dtype)) for k in layer)
+        for layer in runner.kv_caches
     ]
 
 
@@ -226,3 +228,21 @@ def test_swap_without_host_pool_raises(model):
         runner.execute(SchedulerOutput([], 0, [], 0.0, swap_in=[(0, 0)]))
     with pytest.raises(ValueError, match="num_host_pages must be >= 0"):
         make_runner(model, num_host_pages=-1)
+
+
+def test_int8_pages_travel_with_their_scales(model):
+    """An int8 cache's per-token scales ([K, P, G, 1] next to each layer's K and V) swap out and back in with their
+    pages, bitwise; a host page's bytes count them."""
+    runner = make_runner(model, kv_cache_dtype="int8")
+    assert [a.dtype for a in runner.kv_caches[0]] == [jnp.int8, jnp.int8, jnp.float32, jnp.float32]
+    assert runner.host_pool.bytes_per_page == kv_cache_bytes_per_page(model.cfg, PAGE_SIZE, "int8")
+    arrays = lambda: [[np.asarray(a) for a in layer] for layer in runner.kv_caches]
+    fill_random(runner, 4)
+    before = arrays()
+    src, host, dst = [1, 6, 9], [20, 3, 11], [7, 2, 14]
+    runner.swap(list(zip(src, host)), [])
+    fill_random(runner, 5)
+    runner.swap([], list(zip(host, dst)))
+    for layer_before, layer_after in zip(before, arrays()):
+        for a_before, a_after in zip(layer_before, layer_after):
+            assert np.array_equal(a_after[:, dst], a_before[:, src])

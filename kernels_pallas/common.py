@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from kernels_pallas import kv_quant
+
 # Programs we want in flight on a GPU before splitting the kv context stops
 # paying off (about two waves on an H100/H200's 132 SMs), and a cap on the
 # splits (each adds an f32 partial output the wrapper has to merge).
@@ -57,13 +59,18 @@ def resolve_variant(platform: str | None, interpret: bool) -> str:
     return variant
 
 
-def check_kv_pages(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array) -> None:
-    """Validates q [*, N, H] against k_pages / v_pages [K, P, G, H]."""
+def check_kv_pages(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, k_scales=None, v_scales=None) -> None:
+    """Validates q [*, N, H] against k_pages / v_pages [K, P, G, H] and, for int8 pages, their scales.
+
+    Float pages must share q's dtype; int8 pages (kernels_pallas/kv_quant.py) go with any float q, and then only
+    with both scales.
+    """
     if k_pages.ndim != 4:
         raise ValueError(f"k_pages must be [K, P, G, H] (4-D), got shape {k_pages.shape}")
     if v_pages.shape != k_pages.shape:
         raise ValueError(f"v_pages shape {v_pages.shape} != k_pages shape {k_pages.shape}")
-    if not (q.dtype == k_pages.dtype == v_pages.dtype):
+    check_kv_scales(k_pages, v_pages, k_scales, v_scales)
+    if k_scales is None and not (q.dtype == k_pages.dtype == v_pages.dtype):
         raise ValueError(
             f"q, k_pages and v_pages must share one dtype, got {q.dtype}, {k_pages.dtype}, {v_pages.dtype}"
         )
@@ -75,6 +82,67 @@ def check_kv_pages(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array) -> None
         raise ValueError(f"q head dim {q_head_dim} != k_pages head dim {head_dim}")
     if num_heads % num_kv_heads:
         raise ValueError(f"query heads N={num_heads} must be a multiple of kv heads K={num_kv_heads} (GQA)")
+
+
+def check_kv_scales(k_pages: jax.Array, v_pages: jax.Array, k_scales, v_scales) -> None:
+    """int8 pages need both scales, float32 [K, P, G, 1]; float pages take none.
+
+    The references call this too: without it, int8 pages passed without scales would silently be attended as raw
+    integers.
+    """
+    if (k_scales is None) != (v_scales is None):
+        raise ValueError("k_scales and v_scales must be given together (both or neither)")
+    int8_pages = (k_pages.dtype == jnp.int8, v_pages.dtype == jnp.int8)
+    if k_scales is None:
+        if any(int8_pages):
+            raise ValueError(
+                f"int8 pages need k_scales and v_scales (float32 [K, P, G, 1]), got k_pages {k_pages.dtype}, "
+                f"v_pages {v_pages.dtype} and no scales"
+            )
+        return
+    if not all(int8_pages):
+        raise ValueError(
+            f"k_scales / v_scales are only for int8 pages, got k_pages {k_pages.dtype}, v_pages {v_pages.dtype}"
+        )
+    want = (*k_pages.shape[:3], 1)
+    for name, scales in (("k_scales", k_scales), ("v_scales", v_scales)):
+        if scales.dtype != jnp.float32:
+            raise ValueError(f"{name} must be float32, got {scales.dtype}")
+        if scales.shape != want:
+            raise ValueError(f"{name} must have shape [K, P, G, 1] = {want}, got {scales.shape}")
+
+
+def dequantize_tile(x: jax.Array, scales: jax.Array | None, dtype) -> jax.Array:
+    """A kv tile [C, H] as the attention math reads it; int8 tiles get their scales [C, 1].
+
+    Float tiles (scales None) pass unchanged. int8 tiles are dequantized in f32 by the kv_quant definition, then
+    cast to q's dtype: the matmuls then run in the same dtype as with float pages of q's dtype (bf16 on the
+    MXU / tensor cores for bf16 q, exact f32 for f32 q) and never see mixed operand dtypes. NaN scales of unused
+    rows make NaN rows here; attend_tile masks them afterwards exactly as it masks NaN float pages.
+    """
+    if scales is None:
+        return x
+    return kv_quant.dequantize(x, scales).astype(dtype)
+
+
+def load_kv_tile(ref, scales_ref, index, dtype) -> jax.Array:
+    """ref[index] through dequantize_tile, with scales_ref[index] when the cache is int8 (scales_ref not None)."""
+    return dequantize_tile(ref[index], None if scales_ref is None else scales_ref[index], dtype)
+
+
+def with_scale_refs(kernel, num_refs_before: int, quantized: bool):
+    """The kernel for a pallas_call, whose refs arrive positionally.
+
+    Kernels are written with `k_scales_ref, v_scales_ref` right after their page refs; a float cache passes no
+    scale arrays (so its pallas_call, and its generated code, is unchanged), and this inserts None for them.
+    """
+    if quantized:
+        return kernel
+
+    def float_kernel(*refs):
+        return kernel(*refs[:num_refs_before], None, None, *refs[num_refs_before:])
+
+    return float_kernel
 
 
 def check_int32(name: str, x: jax.Array, shape: tuple[int, ...]) -> None:

@@ -28,7 +28,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as plgpu
 
-from kernels_pallas import common
+from kernels_pallas import common, kv_quant
 
 # Minimum query rows of a Triton tile: tl.dot needs M >= 16.
 _GPU_MIN_ROWS = 16
@@ -44,13 +44,21 @@ def reference_paged_attention(
     sm_scale: float | None = None,
     soft_cap: float | None = None,
     sliding_window: int | None = None,
+    k_scales: jax.Array | None = None,
+    v_scales: jax.Array | None = None,
 ) -> jax.Array:
     """Pure-jnp decode attention; same contract as `paged_attention`.
 
     Gathers every sequence's pages into a contiguous [L, H] context per kv head
     and runs a masked softmax in f32. Slow (materialises all pages_per_seq
-    pages), but each line is the definition.
+    pages), but each line is the definition. int8 pages are dequantized first
+    (kv_quant.dequantize), so int8 attention is by definition attention over
+    the dequantized pages.
     """
+    common.check_kv_scales(k_pages, v_pages, k_scales, v_scales)
+    if k_scales is not None:
+        k_pages = kv_quant.dequantize(k_pages, k_scales)
+        v_pages = kv_quant.dequantize(v_pages, v_scales)
     _, num_heads, head_dim = q.shape
     num_kv_heads, num_pages, page_size, _ = k_pages.shape
     batch, pages_per_seq = page_indices.shape
@@ -94,6 +102,8 @@ def _tpu_kernel(
     q_ref,  # VMEM [r, H] the r query heads of kv head h, sequence b
     k_ref,  # VMEM [G, H] one page of kv head h
     v_ref,  # VMEM [G, H]
+    k_scales_ref,  # VMEM f32 [G, 1] that page's scales (int8 pages), or None
+    v_scales_ref,  # VMEM f32 [G, 1], or None
     o_ref,  # VMEM [r, H]
     m_ref,  # VMEM f32 [r, 1] running max
     l_ref,  # VMEM f32 [r, 1] running sum of exp
@@ -129,8 +139,8 @@ def _tpu_kernel(
         q = q_ref[...]
         m, l, acc = common.attend_tile(
             q,
-            k_ref[...],
-            v_ref[...],
+            common.load_kv_tile(k_ref, k_scales_ref, ..., q.dtype),
+            common.load_kv_tile(v_ref, v_scales_ref, ..., q.dtype),
             jnp.broadcast_to(ok_row, (q.shape[0], page_size)),
             ok_col,
             m_ref[...],
@@ -146,7 +156,21 @@ def _tpu_kernel(
         o_ref[...] = common.finalize(acc_ref[...], l_ref[...], o_ref.dtype)
 
 
-def _tpu_call(q4, k_pages, v_pages, kv_lens, first_page, pages, *, sm_scale, soft_cap, sliding_window, interpret):
+def _tpu_call(
+    q4,
+    k_pages,
+    v_pages,
+    k_scales,
+    v_scales,
+    kv_lens,
+    first_page,
+    pages,
+    *,
+    sm_scale,
+    soft_cap,
+    sliding_window,
+    interpret,
+):
     batch, num_kv_heads, rows, head_dim = q4.shape
     _, _, page_size, _ = k_pages.shape
     pages_per_seq = pages.shape[1]
@@ -161,14 +185,21 @@ def _tpu_call(q4, k_pages, v_pages, kv_lens, first_page, pages, *, sm_scale, sof
 
     q_spec = pl.BlockSpec((None, None, rows, head_dim), lambda b, h, j, *_: (b, h, 0, 0))
     kv_spec = pl.BlockSpec((None, None, page_size, head_dim), kv_index)
+    kv_specs, kv_arrays = [kv_spec, kv_spec], [k_pages, v_pages]
+    if k_scales is not None:
+        # One page's scales follow its page through the same index map.
+        scale_spec = pl.BlockSpec((None, None, page_size, 1), kv_index)
+        kv_specs, kv_arrays = kv_specs + [scale_spec, scale_spec], kv_arrays + [k_scales, v_scales]
     kernel = functools.partial(_tpu_kernel, sm_scale=sm_scale, soft_cap=soft_cap, sliding_window=sliding_window)
+    # Refs before the scale refs: 3 scalar prefetch, q, k, v.
+    kernel = common.with_scale_refs(kernel, 6, k_scales is not None)
     return pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct(q4.shape, q4.dtype),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=3,
             grid=(batch, num_kv_heads, steps),
-            in_specs=[q_spec, kv_spec, kv_spec],
+            in_specs=[q_spec, *kv_specs],
             out_specs=q_spec,
             scratch_shapes=[
                 pltpu.VMEM((rows, 1), jnp.float32),
@@ -179,7 +210,7 @@ def _tpu_call(q4, k_pages, v_pages, kv_lens, first_page, pages, *, sm_scale, sof
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
         interpret=interpret,
         name="paged_attention_tpu",
-    )(kv_lens, first_page, pages.reshape(-1), q4, k_pages, v_pages)
+    )(kv_lens, first_page, pages.reshape(-1), q4, *kv_arrays)
 
 
 # ----------------------------------------------------------------------------
@@ -193,6 +224,8 @@ def _gpu_kernel(
     q_ref,  # [r_pad, H] query heads of kv head h (zero rows past r)
     k_ref,  # [P, G, H] every page of kv head h (a pointer; read by tile)
     v_ref,  # [P, G, H]
+    k_scales_ref,  # f32 [P, G, 1] their scales (int8 pages), or None
+    v_scales_ref,  # f32 [P, G, 1], or None
     o_ref,  # f32 [r_pad, H] this split's unnormalised output
     m_ref,  # f32 [r_pad, 1] this split's max
     l_ref,  # f32 [r_pad, 1] this split's sum of exp
@@ -217,8 +250,8 @@ def _gpu_kernel(
     def body(t, carry):
         m, l, acc = carry
         page_ids = pages_ref[b, pl.ds(t * pages_per_tile, pages_per_tile)]
-        k = k_ref[page_ids].reshape(tile, head_dim)
-        v = v_ref[page_ids].reshape(tile, head_dim)
+        k = common.load_kv_tile(k_ref, k_scales_ref, page_ids, q.dtype).reshape(tile, head_dim)
+        v = common.load_kv_tile(v_ref, v_scales_ref, page_ids, q.dtype).reshape(tile, head_dim)
         pos_row = t * tile + lax.broadcasted_iota(jnp.int32, (1, tile), 1)
         pos_col = t * tile + lax.broadcasted_iota(jnp.int32, (tile, 1), 0)
         ok_row = (pos_row < kv_len) & (pos_row >= first_tok)
@@ -238,7 +271,22 @@ def _gpu_kernel(
     l_ref[...] = l
 
 
-def _gpu_call(q4, k_pages, v_pages, kv_lens, first_tok, pages, *, sm_scale, soft_cap, block_kv, num_splits, interpret):
+def _gpu_call(
+    q4,
+    k_pages,
+    v_pages,
+    k_scales,
+    v_scales,
+    kv_lens,
+    first_tok,
+    pages,
+    *,
+    sm_scale,
+    soft_cap,
+    block_kv,
+    num_splits,
+    interpret,
+):
     batch, num_kv_heads, rows, head_dim = q4.shape
     _, num_pages, page_size, _ = k_pages.shape
     tile = max(block_kv, page_size)
@@ -252,9 +300,16 @@ def _gpu_call(q4, k_pages, v_pages, kv_lens, first_tok, pages, *, sm_scale, soft
 
     whole = lambda shape: pl.BlockSpec(shape, lambda *_: (0,) * len(shape))
     kv_spec = pl.BlockSpec((None, num_pages, page_size, head_dim), lambda b, h, s: (h, 0, 0, 0))
+    kv_specs, kv_arrays = [kv_spec, kv_spec], [k_pages, v_pages]
+    if k_scales is not None:
+        # The scales of the kv head's pages, gathered by the same page ids as the pages.
+        scale_spec = pl.BlockSpec((None, num_pages, page_size, 1), lambda b, h, s: (h, 0, 0, 0))
+        kv_specs, kv_arrays = kv_specs + [scale_spec, scale_spec], kv_arrays + [k_scales, v_scales]
     part = lambda last: pl.BlockSpec((None, None, None, rows, last), lambda b, h, s: (s, b, h, 0, 0))
     part_shape = lambda last: jax.ShapeDtypeStruct((num_splits, batch, num_kv_heads, rows, last), jnp.float32)
     kernel = functools.partial(_gpu_kernel, sm_scale=sm_scale, soft_cap=soft_cap, pages_per_tile=pages_per_tile)
+    # Refs before the scale refs: lens, first token, page table, q, k, v.
+    kernel = common.with_scale_refs(kernel, 6, k_scales is not None)
     acc, m, l = pl.pallas_call(
         kernel,
         out_shape=[part_shape(head_dim), part_shape(1), part_shape(1)],
@@ -264,14 +319,13 @@ def _gpu_call(q4, k_pages, v_pages, kv_lens, first_tok, pages, *, sm_scale, soft
             whole(first_tok.shape),
             whole(pages.shape),
             pl.BlockSpec((None, None, rows, head_dim), lambda b, h, s: (b, h, 0, 0)),
-            kv_spec,
-            kv_spec,
+            *kv_specs,
         ],
         out_specs=[part(head_dim), part(1), part(1)],
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
         interpret=interpret,
         name="paged_attention_gpu",
-    )(kv_lens, first_tok, pages, q4, k_pages, v_pages)
+    )(kv_lens, first_tok, pages, q4, *kv_arrays)
 
     return common.merge_partials(acc, m, l, q4.dtype)
 
@@ -298,13 +352,15 @@ def paged_attention(
     platform: str | None = None,
     block_kv: int = 64,
     num_splits: int | None = None,
+    k_scales: jax.Array | None = None,
+    v_scales: jax.Array | None = None,
 ) -> jax.Array:
     """Decode attention of one new token per sequence against its paged KV.
 
     Args:
       q: [B, N, H] the query of each sequence's newest token.
-      k_pages, v_pages: [K, P, G, H] the layer's KV pages, q's dtype. Token p of
-        sequence b lives at page page_indices[b, p // G], row p % G.
+      k_pages, v_pages: [K, P, G, H] the layer's KV pages, q's dtype or int8.
+        Token p of sequence b lives at page page_indices[b, p // G], row p % G.
       kv_lens: i32[B] context length of each sequence, including the new token.
         0 marks an empty slot; its output is zeros.
       page_indices: i32[B, pages_per_seq] page table. Entries past
@@ -322,6 +378,10 @@ def paged_attention(
       block_kv: GPU only: kv tokens per tile (rounded up to a whole page).
       num_splits: GPU only: programs per (sequence, kv head) splitting the
         context; None picks enough to fill the GPU.
+      k_scales, v_scales: f32 [K, P, G, 1], required with (and only with) int8
+        pages: row (k, p, g) stands for pages[k, p, g] * scales[k, p, g, 0]
+        (kernels_pallas/kv_quant.py). Each kv tile is dequantized in f32 after
+        loading, then cast to q's dtype. Scales of unused rows may be NaN.
 
     Returns:
       [B, N, H] in q's dtype. GQA: query head n reads kv head n // (N // K).
@@ -332,7 +392,7 @@ def paged_attention(
     """
     if q.ndim != 3:
         raise ValueError(f"q must be [B, N, H], got shape {q.shape}")
-    common.check_kv_pages(q, k_pages, v_pages)
+    common.check_kv_pages(q, k_pages, v_pages, k_scales, v_scales)
     batch, num_heads, head_dim = q.shape
     num_kv_heads, num_pages, page_size, _ = k_pages.shape
     common.check_int32("kv_lens", kv_lens, (batch,))
@@ -359,6 +419,8 @@ def paged_attention(
             q4,
             k_pages,
             v_pages,
+            k_scales,
+            v_scales,
             kv_lens,
             first_tok // page_size,
             pages,
@@ -379,6 +441,8 @@ def paged_attention(
             q4,
             k_pages,
             v_pages,
+            k_scales,
+            v_scales,
             kv_lens,
             first_tok,
             pages,

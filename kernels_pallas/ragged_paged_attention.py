@@ -39,7 +39,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as plgpu
 
-from kernels_pallas import common
+from kernels_pallas import common, kv_quant
 
 # Query rows per program (tokens * padded heads per kv head) we aim for: enough
 # rows to feed a matmul unit, few enough that a block of decode tokens (each
@@ -60,13 +60,21 @@ def reference_ragged_paged_attention(
     sm_scale: float | None = None,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
+    k_scales: jax.Array | None = None,
+    v_scales: jax.Array | None = None,
 ) -> jax.Array:
     """Pure-jnp ragged paged attention; same contract as the kernel.
 
     Finds each token's sequence, gathers that sequence's whole context for the
     token and runs a masked softmax in f32. Memory is T * pages_per_seq * G * H
-    per kv head: a test oracle, not a fast path.
+    per kv head: a test oracle, not a fast path. int8 pages are dequantized
+    first (kv_quant.dequantize): int8 attention is by definition attention
+    over the dequantized pages.
     """
+    common.check_kv_scales(k_pages, v_pages, k_scales, v_scales)
+    if k_scales is not None:
+        k_pages = kv_quant.dequantize(k_pages, k_scales)
+        v_pages = kv_quant.dequantize(v_pages, v_scales)
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads, num_pages, page_size, _ = k_pages.shape
     max_seqs, pages_per_seq = page_indices.shape
@@ -169,14 +177,16 @@ def _tpu_kernel(
     q_ref,  # VMEM [R, H] R = block_q * r_pad rows of kv head h
     k_hbm,  # HBM [K, P, G, H]
     v_hbm,  # HBM [K, P, G, H]
+    k_scales_hbm,  # HBM f32 [K, P, G, 1] (int8 pages), or None
+    v_scales_hbm,  # HBM f32 [K, P, G, 1], or None
     o_ref,  # VMEM [R, H]
     k_buf,  # VMEM [2, pages_per_chunk, G, H] double buffer
     v_buf,  # VMEM [2, pages_per_chunk, G, H]
-    sems,  # DMA semaphores [2 (k, v), 2 (slot)]
+    sems,  # DMA semaphores [2 (k, v) or 4 (k, v, k scales, v scales), 2 (slot)]
     m_ref,  # VMEM f32 [R, 1] running max
     l_ref,  # VMEM f32 [R, 1] running sum of exp
     acc_ref,  # VMEM f32 [R, H] unnormalised output
-    *,
+    *scale_bufs,  # int8 pages only: k_scales_buf, v_scales_buf VMEM f32 [2, pages_per_chunk, G, 1]
     sm_scale: float,
     soft_cap: float | None,
     sliding_window: int | None,
@@ -185,6 +195,7 @@ def _tpu_kernel(
     pages_per_seq: int,
 ):
     qb, h = pl.program_id(0), pl.program_id(1)
+    k_scales_buf, v_scales_buf = scale_bufs or (None, None)
     pages_per_chunk, page_size = k_buf.shape[1], k_buf.shape[2]
     rows = q_ref.shape[0]
     block = _BlockRows(qb * block_q, rows, rows_per_token)
@@ -205,10 +216,15 @@ def _tpu_kernel(
 
         def copies(chunk, p, slot):
             page = pages_ref[i * pages_per_seq + lo_page + chunk * pages_per_chunk + p]
-            return (
-                pltpu.make_async_copy(k_hbm.at[h, page], k_buf.at[slot, p], sems.at[0, slot]),
-                pltpu.make_async_copy(v_hbm.at[h, page], v_buf.at[slot, p], sems.at[1, slot]),
-            )
+            pairs = [(k_hbm, k_buf), (v_hbm, v_buf)]
+            if scale_bufs:
+                # A page's scales travel with it: same page id, same slot, their own semaphores (a wait is
+                # sized by its copy, so copies of different sizes must not share one).
+                pairs += [(k_scales_hbm, k_scales_buf), (v_scales_hbm, v_scales_buf)]
+            return [
+                pltpu.make_async_copy(src.at[h, page], dst.at[slot, p], sems.at[n, slot])
+                for n, (src, dst) in enumerate(pairs)
+            ]
 
         def in_range(chunk, p):
             return lo_page + chunk * pages_per_chunk + p < hi_page
@@ -251,10 +267,11 @@ def _tpu_kernel(
                     start = (lo_page + chunk * pages_per_chunk + p) * page_size
                     pos_row = start + lax.broadcasted_iota(jnp.int32, (1, page_size), 1)
                     pos_col = start + lax.broadcasted_iota(jnp.int32, (page_size, 1), 0)
+                    q = q_ref[...]
                     m, l, acc = common.attend_tile(
-                        q_ref[...],
-                        k_buf[slot, p],
-                        v_buf[slot, p],
+                        q,
+                        common.load_kv_tile(k_buf, k_scales_buf, (slot, p), q.dtype),
+                        common.load_kv_tile(v_buf, v_scales_buf, (slot, p), q.dtype),
                         block.score_mask(q_start, q_end, kv_len, pos_row, sliding_window),
                         pos_col < kv_len,
                         m_ref[...],
@@ -275,6 +292,8 @@ def _tpu_call(
     q3,
     k_pages,
     v_pages,
+    k_scales,
+    v_scales,
     kv_lens,
     pages,
     cu,
@@ -305,27 +324,36 @@ def _tpu_call(
     q_spec = pl.BlockSpec((None, rows, head_dim), lambda qb, h, *_: (h, qb, 0))
     hbm = pl.BlockSpec(memory_space=pl.ANY)
     buf = pltpu.VMEM((2, pages_per_chunk, page_size, head_dim), k_pages.dtype)
+    kv_arrays, num_sems, scale_bufs = [k_pages, v_pages], 2, []
+    if k_scales is not None:
+        # The scales stay in HBM like the pages and are DMAed next to them into [2, chunk, G, 1] buffers.
+        kv_arrays += [k_scales, v_scales]
+        num_sems = 4
+        scale_bufs = [pltpu.VMEM((2, pages_per_chunk, page_size, 1), jnp.float32)] * 2
+    # Refs before the scale refs: 5 scalar prefetch, q, k, v.
+    kernel = common.with_scale_refs(kernel, 8, k_scales is not None)
     return pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct(q3.shape, q3.dtype),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=5,
             grid=(total_rows // rows, num_kv_heads),
-            in_specs=[q_spec, hbm, hbm],
+            in_specs=[q_spec] + [hbm] * len(kv_arrays),
             out_specs=q_spec,
             scratch_shapes=[
                 buf,
                 buf,
-                pltpu.SemaphoreType.DMA((2, 2)),
+                pltpu.SemaphoreType.DMA((num_sems, 2)),
                 pltpu.VMEM((rows, 1), jnp.float32),
                 pltpu.VMEM((rows, 1), jnp.float32),
                 pltpu.VMEM((rows, head_dim), jnp.float32),
+                *scale_bufs,
             ],
         ),
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
         interpret=interpret,
         name="ragged_paged_attention_tpu",
-    )(kv_lens, pages.reshape(-1), cu, seq_lo, seq_hi, q3, k_pages, v_pages)
+    )(kv_lens, pages.reshape(-1), cu, seq_lo, seq_hi, q3, *kv_arrays)
 
 
 # ----------------------------------------------------------------------------
@@ -341,6 +369,8 @@ def _gpu_kernel(
     q_ref,  # [R, H] R = block_q * r_pad rows of kv head h
     k_ref,  # [P, G, H] every page of kv head h (a pointer; read by tile)
     v_ref,  # [P, G, H]
+    k_scales_ref,  # f32 [P, G, 1] their scales (int8 pages), or None
+    v_scales_ref,  # f32 [P, G, 1], or None
     o_ref,  # [R, H] output (one split) or f32 unnormalised partial
     *stat_refs,  # with splits: m_ref, l_ref f32 [R, 1] this split's max, sum
     sm_scale: float,
@@ -371,8 +401,8 @@ def _gpu_kernel(
         def tile_body(t, carry):
             m, l, acc = carry
             page_ids = pages_ref[i, pl.ds(t * pages_per_tile, pages_per_tile)]
-            k = k_ref[page_ids].reshape(tile, head_dim)
-            v = v_ref[page_ids].reshape(tile, head_dim)
+            k = common.load_kv_tile(k_ref, k_scales_ref, page_ids, q.dtype).reshape(tile, head_dim)
+            v = common.load_kv_tile(v_ref, v_scales_ref, page_ids, q.dtype).reshape(tile, head_dim)
             pos_row = t * tile + lax.broadcasted_iota(jnp.int32, (1, tile), 1)
             pos_col = t * tile + lax.broadcasted_iota(jnp.int32, (tile, 1), 0)
             return common.attend_tile(
@@ -407,6 +437,8 @@ def _gpu_call(
     q3,
     k_pages,
     v_pages,
+    k_scales,
+    v_scales,
     kv_lens,
     pages,
     cu,
@@ -445,6 +477,13 @@ def _gpu_call(
     whole = lambda shape: pl.BlockSpec(shape, lambda *_: (0,) * len(shape))
     q_spec = pl.BlockSpec((None, rows, head_dim), lambda qb, h, s: (h, qb, 0))
     kv_spec = pl.BlockSpec((None, num_pages, page_size, head_dim), lambda qb, h, s: (h, 0, 0, 0))
+    kv_specs, kv_arrays = [kv_spec, kv_spec], [k_pages, v_pages]
+    if k_scales is not None:
+        # The scales of the kv head's pages, gathered by the same page ids as the pages.
+        scale_spec = pl.BlockSpec((None, num_pages, page_size, 1), lambda qb, h, s: (h, 0, 0, 0))
+        kv_specs, kv_arrays = kv_specs + [scale_spec, scale_spec], kv_arrays + [k_scales, v_scales]
+    # Refs before the scale refs: 5 metadata, q, k, v.
+    kernel = common.with_scale_refs(kernel, 8, k_scales is not None)
     if num_splits == 1:
         # One split finalises in the kernel: no f32 round trip through HBM.
         out_shape = jax.ShapeDtypeStruct(q3.shape, q3.dtype)
@@ -465,14 +504,13 @@ def _gpu_call(
             whole(seq_lo.shape),
             whole(seq_hi.shape),
             q_spec,
-            kv_spec,
-            kv_spec,
+            *kv_specs,
         ],
         out_specs=out_specs,
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
         interpret=interpret,
         name="ragged_paged_attention_gpu",
-    )(kv_lens, pages, cu, seq_lo, seq_hi, q3, k_pages, v_pages)
+    )(kv_lens, pages, cu, seq_lo, seq_hi, q3, *kv_arrays)
     if num_splits == 1:
         return out
     return common.merge_partials(*out, q3.dtype)
@@ -512,13 +550,15 @@ def ragged_paged_attention(
     block_q: int | None = None,
     block_kv: int | None = None,
     num_splits: int | None = None,
+    k_scales: jax.Array | None = None,
+    v_scales: jax.Array | None = None,
 ) -> jax.Array:
     """Causal attention of a flat, ragged batch of new tokens to paged KV.
 
     Args:
       q: [T, N, H] new tokens of all sequences, concatenated, then padding.
-      k_pages, v_pages: [K, P, G, H] the layer's KV pages, q's dtype, already
-        holding the new tokens' K/V. Token p of sequence i lives at page
+      k_pages, v_pages: [K, P, G, H] the layer's KV pages, q's dtype or int8,
+        already holding the new tokens' K/V. Token p of sequence i lives at page
         page_indices[i, p // G], row p % G.
       kv_lens: i32[S] context length of each sequence, new tokens included.
       page_indices: i32[S, pages_per_seq] page table. Entries past
@@ -542,6 +582,10 @@ def ragged_paged_attention(
         on TPU, 64 on GPU. Rounded up to a whole page.
       num_splits: GPU only: programs per (query block, kv head) splitting each
         sequence's kv tiles; None picks enough to fill the GPU.
+      k_scales, v_scales: f32 [K, P, G, 1], required with (and only with) int8
+        pages: row (k, p, g) stands for pages[k, p, g] * scales[k, p, g, 0]
+        (kernels_pallas/kv_quant.py). Each kv tile is dequantized in f32 after
+        loading, then cast to q's dtype. Scales of unused rows may be NaN.
 
     Returns:
       [T, N, H] in q's dtype. Rows >= cu_q_lens[num_seqs[0]] are zeros.
@@ -552,7 +596,7 @@ def ragged_paged_attention(
     """
     if q.ndim != 3:
         raise ValueError(f"q must be [T, N, H], got shape {q.shape}")
-    common.check_kv_pages(q, k_pages, v_pages)
+    common.check_kv_pages(q, k_pages, v_pages, k_scales, v_scales)
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads, num_pages, page_size, _ = k_pages.shape
     if kv_lens.ndim != 1:
@@ -609,7 +653,7 @@ def ragged_paged_attention(
         block_kv=block_kv,
         interpret=interpret,
     )
-    args = (q3, k_pages, v_pages, kv_lens, pages, cu, seq_lo, seq_hi)
+    args = (q3, k_pages, v_pages, k_scales, v_scales, kv_lens, pages, cu, seq_lo, seq_hi)
     if variant == "tpu":
         o3 = _tpu_call(*args, **call_options)
     else:

@@ -6,6 +6,11 @@ garbage ids (negative, too large, or pages of other sequences). A kernel that
 lets any of that reach an output produces NaN, which the tests catch. Pages
 are placed by a random permutation so that contiguous page ids never hide an
 indexing bug.
+
+int8 caches (quantize=True, kernels_pallas/kv_quant.py) cannot hold NaN in
+their pages, so the poison moves to the scales: unused rows hold random int8
+garbage and a NaN scale. A kernel that masks before dequantizing (or masks by
+multiplying) then turns 0 * NaN into NaN and fails the same way.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental.pallas import tpu as pltpu
+
+from kernels_pallas import kv_quant
 
 # Shared by the kernel test files.
 NUM_KV_HEADS = 2
@@ -29,14 +36,23 @@ INTERPRET = {"tpu": pltpu.InterpretParams(out_of_bounds_reads="raise"), "gpu": T
 
 @dataclasses.dataclass
 class PagedKV:
-    k_pages: jnp.ndarray  # [K, P, G, H]
+    k_pages: jnp.ndarray  # [K, P, G, H], the kernel dtype or int8
     v_pages: jnp.ndarray  # [K, P, G, H]
     kv_lens: jnp.ndarray  # i32[S]
     page_indices: jnp.ndarray  # i32[S, pages_per_seq]
     # Per sequence, the contiguous context as float64 numpy [kv_len, K, H]: the
-    # ground truth the pages were filled from.
+    # ground truth the pages were filled from (for int8, the dequantized rows).
     k_seqs: list[np.ndarray]
     v_seqs: list[np.ndarray]
+    k_scales: jnp.ndarray | None = None  # f32 [K, P, G, 1] with int8 pages
+    v_scales: jnp.ndarray | None = None
+
+    @property
+    def scales(self) -> dict:
+        """The keyword args that pass this cache's scales (none for float pages) to a kernel or reference."""
+        if self.k_scales is None:
+            return {}
+        return dict(k_scales=self.k_scales, v_scales=self.v_scales)
 
 
 def build_paged_kv(
@@ -49,21 +65,36 @@ def build_paged_kv(
     pages_per_seq: int,
     dtype,
     spare_pages: int = 3,
+    quantize: bool = False,
 ) -> PagedKV:
+    """A poisoned cache holding random K/V for `kv_lens`; `dtype` is the page dtype, or with quantize=True the
+    pages are int8 (kv_quant.quantize of the random rows) with float32 scales and `dtype` is unused."""
     kv_lens = np.asarray(kv_lens, np.int32)
     assert kv_lens.max(initial=0) <= pages_per_seq * page_size
+    assert spare_pages > 0, "unused pages carry the poison"
     num_seqs = len(kv_lens)
     num_pages = num_seqs * pages_per_seq + spare_pages
     shape = (num_kv_heads, num_pages, page_size, head_dim)
     k_pages = np.full(shape, np.nan, np.float32)
     v_pages = np.full(shape, np.nan, np.float32)
+    if quantize:
+        k_pages = rng.integers(-128, 128, shape).astype(np.int8)
+        v_pages = rng.integers(-128, 128, shape).astype(np.int8)
+        k_scales = np.full((*shape[:3], 1), np.nan, np.float32)
+        v_scales = np.full((*shape[:3], 1), np.nan, np.float32)
     page_indices = rng.integers(-num_pages, 2 * num_pages, (num_seqs, pages_per_seq)).astype(np.int32)
     free = list(rng.permutation(num_pages))
     k_seqs, v_seqs = [], []
     for s, length in enumerate(kv_lens):
-        # Round through the kernel dtype so the float64 truth matches the pages.
-        k = np.asarray(jnp.asarray(rng.standard_normal((length, num_kv_heads, head_dim)), dtype), np.float64)
-        v = np.asarray(jnp.asarray(rng.standard_normal((length, num_kv_heads, head_dim)), dtype), np.float64)
+        k, v = (rng.standard_normal((length, num_kv_heads, head_dim)) for _ in range(2))
+        if quantize:
+            # Per-token scales: (k_q, k_s) hold the [length, K, H] rows, and the truth is what they stand for.
+            (k_q, k_s), (v_q, v_s) = (kv_quant.quantize(jnp.asarray(x, jnp.float32)) for x in (k, v))
+            k, v = (np.asarray(kv_quant.dequantize(x, sc), np.float64) for x, sc in ((k_q, k_s), (v_q, v_s)))
+            k_q, k_s, v_q, v_s = (np.asarray(x) for x in (k_q, k_s, v_q, v_s))
+        else:
+            # Round through the kernel dtype so the float64 truth matches the pages.
+            k, v = (np.asarray(jnp.asarray(x, dtype), np.float64) for x in (k, v))
         k_seqs.append(k)
         v_seqs.append(v)
         for j in range(-(-length // page_size)):
@@ -71,16 +102,25 @@ def build_paged_kv(
             page_indices[s, j] = page
             rows = slice(j * page_size, min((j + 1) * page_size, length))
             n = rows.stop - rows.start
-            k_pages[:, page, :n] = k[rows].transpose(1, 0, 2)
-            v_pages[:, page, :n] = v[rows].transpose(1, 0, 2)
-    return PagedKV(
-        k_pages=jnp.asarray(k_pages, dtype),
-        v_pages=jnp.asarray(v_pages, dtype),
+            if quantize:
+                k_pages[:, page, :n] = k_q[rows].transpose(1, 0, 2)
+                v_pages[:, page, :n] = v_q[rows].transpose(1, 0, 2)
+                k_scales[:, page, :n] = k_s[rows].transpose(1, 0, 2)
+                v_scales[:, page, :n] = v_s[rows].transpose(1, 0, 2)
+            else:
+                k_pages[:, page, :n] = k[rows].transpose(1, 0, 2)
+                v_pages[:, page, :n] = v[rows].transpose(1, 0, 2)
+    cache = PagedKV(
+        k_pages=jnp.asarray(k_pages, jnp.int8 if quantize else dtype),
+        v_pages=jnp.asarray(v_pages, jnp.int8 if quantize else dtype),
         kv_lens=jnp.asarray(kv_lens, jnp.int32),
         page_indices=jnp.asarray(page_indices, jnp.int32),
         k_seqs=k_seqs,
         v_seqs=v_seqs,
     )
+    if quantize:
+        cache.k_scales, cache.v_scales = jnp.asarray(k_scales), jnp.asarray(v_scales)
+    return cache
 
 
 def ragged_metadata(q_lens, num_seqs: int, max_seqs: int, rng=None):
@@ -113,6 +153,7 @@ class KernelConfig:
     # Tokens per kv step. None: the test file's default; "default": the wrapper's own choice.
     block_kv: int | str | None = None
     num_splits: int | None = None
+    kv_int8: bool = False  # int8 pages with float32 scales; `dtype` is then q's dtype only
 
     @property
     def options(self) -> dict:
@@ -123,6 +164,7 @@ class KernelConfig:
         return (
             f"G{self.page_size}-r{self.gqa}-H{self.head_dim}-{jnp.dtype(self.dtype).name}-w{self.sliding_window}-"
             f"c{self.soft_cap}-q{self.block_q}-kv{self.block_kv}-s{self.num_splits}"
+            + ("-int8kv" if self.kv_int8 else "")
         )
 
 
@@ -139,6 +181,12 @@ SHAPES = [
     dict(page_size=32, gqa=4, head_dim=128, dtype=jnp.float32),
     dict(page_size=32, gqa=8, head_dim=64, dtype=jnp.float32, sliding_window=40),
 ]
+# int8 pages (q of the given dtype): few, because what they add over the float configs is the per-tile
+# dequantization and the NaN scales of unused rows, not new tilings. Each q dtype once, the options on one.
+INT8_SHAPES = [
+    dict(page_size=8, gqa=4, head_dim=64, dtype=jnp.float32, sliding_window=11, soft_cap=20.0, kv_int8=True),
+    dict(page_size=16, gqa=1, head_dim=128, dtype=jnp.bfloat16, kv_int8=True),
+]
 
 
 def make_cache_and_queries(config: KernelConfig, kv_lens, num_queries: int, rng: np.random.Generator):
@@ -151,6 +199,7 @@ def make_cache_and_queries(config: KernelConfig, kv_lens, num_queries: int, rng:
         head_dim=config.head_dim,
         pages_per_seq=PAGES_PER_SEQ,
         dtype=config.dtype,
+        quantize=config.kv_int8,
     )
     q = rng.standard_normal((num_queries, NUM_KV_HEADS * config.gqa, config.head_dim))
     return cache, jnp.asarray(q, config.dtype)

@@ -29,13 +29,13 @@ OPTIONS = {
 }
 
 
-def _decode_args(dtype):
-    kv = _S((K, P, G, H), dtype)
+def _decode_args(dtype, kv_dtype=None):
+    kv = _S((K, P, G, H), kv_dtype or dtype)
     return (_S((SLOTS, K * GQA, H), dtype), kv, kv, _S((SLOTS,), jnp.int32), _S((SLOTS, PAGES_PER_SEQ), jnp.int32))
 
 
-def _ragged_args(dtype):
-    kv = _S((K, P, G, H), dtype)
+def _ragged_args(dtype, kv_dtype=None):
+    kv = _S((K, P, G, H), kv_dtype or dtype)
     return (
         _S((TOKENS, K * GQA, H), dtype),
         kv,
@@ -64,3 +64,28 @@ def test_lowers_for_its_platform(op, make_args, variant, dtype, options):
     text = fn.trace(*make_args(dtype)).lower(lowering_platforms=(lowering_platform,)).as_text()
     # Exactly one launch of the real kernel: no interpreter loop, no fallback.
     assert text.count(f"custom_call @{custom_call}(") == 1
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=str)
+@pytest.mark.parametrize("variant", TARGETS)
+@pytest.mark.parametrize(
+    "op, make_args",
+    [
+        (paged_attention, _decode_args),
+        (ragged_paged_attention, _ragged_args),
+    ],
+    ids=["decode", "ragged"],
+)
+def test_int8_pages_lower_for_its_platform(op, make_args, variant, options):
+    # int8 pages with their float32 [K, P, G, 1] scales (bf16 q): the dequantizing kernel is still one launch.
+    lowering_platform, custom_call = TARGETS[variant]
+    scales = _S((K, P, G, 1), jnp.float32)
+    fn = jax.jit(lambda *args, ks, vs: op(*args, k_scales=ks, v_scales=vs, platform=variant, **OPTIONS[options]))
+    traced = fn.trace(*make_args(jnp.bfloat16, jnp.int8), ks=scales, vs=scales)
+    text = traced.lower(lowering_platforms=(lowering_platform,)).as_text()
+    assert text.count(f"custom_call @{custom_call}(") == 1
+    # The kernel takes the int8 pages and their scales as they are: no dequantized copy of the cache is made
+    # outside it.
+    (launch,) = [line for line in text.splitlines() if f"custom_call @{custom_call}(" in line]
+    pages, scales = f"tensor<{K}x{P}x{G}x{H}xi8>", f"tensor<{K}x{P}x{G}x1xf32>"
+    assert f"{pages}, {pages}, {scales}, {scales})" in launch

@@ -17,6 +17,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from kernels_pallas.paged_attention import paged_attention, reference_paged_attention
 from tests.kernels.kv_cache_builder import (
+    INT8_SHAPES,
     INTERPRET,
     PAGES_PER_SEQ,
     SHAPES,
@@ -32,7 +33,7 @@ _reference = jax.jit(reference_paged_attention, static_argnames=("sm_scale", "so
 # GPU tile of 16 tokens, small so that tests see several tiles; one config takes 64.
 CONFIGS = [
     KernelConfig(**{"block_kv": 16, **shape, **({"block_kv": 64} if i == 2 else {})}) for i, shape in enumerate(SHAPES)
-]
+] + [KernelConfig(block_kv=16, **shape) for shape in INT8_SHAPES]
 
 
 def _scenarios(page_size):
@@ -54,12 +55,13 @@ def _run(config, platform, kv_lens, seed, interpret=None):
     out = paged_attention(
         *args,
         **config.options,
+        **cache.scales,
         interpret=interpret,
         platform=platform,
         block_kv=config.block_kv,
         num_splits=config.num_splits,
     )
-    return out, _reference(*args, **config.options)
+    return out, _reference(*args, **config.options, **cache.scales)
 
 
 @pytest.mark.parametrize("platform", ["tpu", "gpu"])
@@ -106,6 +108,11 @@ def _with(**changes):
     return args
 
 
+# int8 pages of _args() and scales of the right shape [K, P, G, 1], or of a wrong one.
+_INT8 = dict(k_pages=jnp.zeros((2, 6, 8, 16), jnp.int8), v_pages=jnp.zeros((2, 6, 8, 16), jnp.int8))
+_SCALES = dict(k_scales=jnp.ones((2, 6, 8, 1), jnp.float32), v_scales=jnp.ones((2, 6, 8, 1), jnp.float32))
+
+
 @pytest.mark.parametrize(
     "args, kwargs, message",
     [
@@ -128,6 +135,12 @@ def _with(**changes):
         (_args(), dict(platform="gpu", block_kv=8), "block_kv"),
         (_args(), dict(platform="gpu", num_splits=0), "num_splits"),
         (_args(), dict(platform="gpu", interpret=pltpu.InterpretParams()), "only applies to the TPU variant"),
+        (_with(**_INT8), {}, "int8 pages need k_scales and v_scales"),
+        (_args(), _SCALES, "only for int8 pages"),
+        (_with(**_INT8), dict(k_scales=_SCALES["k_scales"]), "both or neither"),
+        (_with(**_INT8), {**_SCALES, "v_scales": jnp.ones((2, 6, 8, 16), jnp.float32)}, r"v_scales must have shape"),
+        (_with(**_INT8), {**_SCALES, "k_scales": jnp.ones((2, 6, 8, 1), jnp.bfloat16)}, "k_scales must be float32"),
+        (_with(k_pages=_INT8["k_pages"]), _SCALES, "only for int8 pages"),
     ],
     ids=lambda x: x if isinstance(x, str) else None,
 )

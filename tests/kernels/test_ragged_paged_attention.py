@@ -15,6 +15,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from kernels_pallas.ragged_paged_attention import ragged_paged_attention, reference_ragged_paged_attention
 from tests.kernels.kv_cache_builder import (
+    INT8_SHAPES,
     INTERPRET,
     PAGES_PER_SEQ,
     SHAPES,
@@ -31,7 +32,9 @@ _reference = jax.jit(reference_ragged_paged_attention, static_argnames=("sm_scal
 
 # Per config, block options that differ from the wrapper's defaults, so the tiling paths get exercised.
 _BLOCKS = {3: dict(block_q=16), 4: dict(num_splits=1), 6: dict(block_kv="default"), 7: dict(block_q=4)}
-CONFIGS = [KernelConfig(**{**shape, **_BLOCKS.get(i, {})}) for i, shape in enumerate(SHAPES)]
+CONFIGS = [KernelConfig(**{**shape, **_BLOCKS.get(i, {})}) for i, shape in enumerate(SHAPES)] + [
+    KernelConfig(**shape) for shape in INT8_SHAPES
+]
 
 
 def _kv_block(config):
@@ -74,13 +77,14 @@ def _run(config, platform, kv_lens, q_lens, num_seqs, seed, interpret=None):
     out = ragged_paged_attention(
         *args,
         **config.options,
+        **cache.scales,
         interpret=interpret,
         platform=platform,
         block_q=config.block_q,
         block_kv=_kv_block(config),
         num_splits=config.num_splits if platform == "gpu" else None,
     )
-    return out, _reference(*args, **config.options), int(np.sum(q_lens[:num_seqs]))
+    return out, _reference(*args, **config.options, **cache.scales), int(np.sum(q_lens[:num_seqs]))
 
 
 @pytest.mark.parametrize("platform", ["tpu", "gpu"])
@@ -123,6 +127,11 @@ def _with(**changes):
     return args
 
 
+# int8 pages of _args() and scales of the right shape [K, P, G, 1].
+_INT8 = dict(k_pages=jnp.zeros((2, 6, 8, 16), jnp.int8), v_pages=jnp.zeros((2, 6, 8, 16), jnp.int8))
+_SCALES = dict(k_scales=jnp.ones((2, 6, 8, 1), jnp.float32), v_scales=jnp.ones((2, 6, 8, 1), jnp.float32))
+
+
 @pytest.mark.parametrize(
     "args, kwargs, message",
     [
@@ -145,6 +154,9 @@ def _with(**changes):
         (_args(G=6), dict(platform="gpu"), "power-of-two page size"),
         (_args(), dict(platform="metal"), "platform must be one of"),
         (_args(), dict(platform="gpu", interpret=pltpu.InterpretParams()), "only applies to the TPU variant"),
+        (_with(**_INT8), {}, "int8 pages need k_scales and v_scales"),
+        (_args(), _SCALES, "only for int8 pages"),
+        (_with(**_INT8), {**_SCALES, "k_scales": jnp.ones((2, 6, 1, 1), jnp.float32)}, r"k_scales must have shape"),
     ],
     ids=lambda x: x if isinstance(x, str) else None,
 )

@@ -3,7 +3,8 @@
 The kernels are only as trustworthy as the references they are compared to,
 so the references are checked here against the most literal attention there
 is: per query and head, a softmax over the gathered contiguous context,
-computed in float64 numpy with Python loops.
+computed in float64 numpy with Python loops. With int8 pages that context is
+the dequantized rows the cache builder filled the pages from.
 """
 
 import jax
@@ -47,8 +48,9 @@ OPTIONS = [
 ]
 
 
+@pytest.mark.parametrize("quantize", [False, True], ids=["float", "int8"])
 @pytest.mark.parametrize("options", OPTIONS)
-def test_decode_reference_matches_naive(options):
+def test_decode_reference_matches_naive(options, quantize):
     rng = np.random.default_rng(0)
     page_size, head_dim, pages_per_seq = 4, 16, 3
     kv_lens = [0, 1, 3, 4, 5, 12]
@@ -60,9 +62,11 @@ def test_decode_reference_matches_naive(options):
         head_dim=head_dim,
         pages_per_seq=pages_per_seq,
         dtype=jnp.float32,
+        quantize=quantize,
     )
     q = rng.standard_normal((len(kv_lens), 8, head_dim)).astype(np.float32)
-    got = _ref_decode(jnp.asarray(q), cache.k_pages, cache.v_pages, cache.kv_lens, cache.page_indices, **options)
+    args = (jnp.asarray(q), cache.k_pages, cache.v_pages, cache.kv_lens, cache.page_indices)
+    got = _ref_decode(*args, **options, **cache.scales)
     scale = options["sm_scale"] or head_dim**-0.5
     for b, length in enumerate(kv_lens):
         want = naive_attention(
@@ -79,8 +83,9 @@ def test_decode_reference_matches_naive(options):
         )
 
 
+@pytest.mark.parametrize("quantize", [False, True], ids=["float", "int8"])
 @pytest.mark.parametrize("options", OPTIONS)
-def test_ragged_reference_matches_naive(options):
+def test_ragged_reference_matches_naive(options, quantize):
     rng = np.random.default_rng(1)
     page_size, head_dim, pages_per_seq = 4, 16, 3
     # Empty slot, decode, full prefill, chunked prefill, then an ignored slot.
@@ -95,12 +100,12 @@ def test_ragged_reference_matches_naive(options):
         head_dim=head_dim,
         pages_per_seq=pages_per_seq,
         dtype=jnp.float32,
+        quantize=quantize,
     )
     cu, num = ragged_metadata(q_lens, num_seqs, len(kv_lens), rng)
     q = rng.standard_normal((num_tokens, 4, head_dim)).astype(np.float32)
-    got = np.asarray(
-        _ref_ragged(jnp.asarray(q), cache.k_pages, cache.v_pages, cache.kv_lens, cache.page_indices, cu, num, **options)
-    )
+    args = (jnp.asarray(q), cache.k_pages, cache.v_pages, cache.kv_lens, cache.page_indices, cu, num)
+    got = np.asarray(_ref_ragged(*args, **options, **cache.scales))
     scale = options["sm_scale"] or head_dim**-0.5
     cu = np.asarray(cu)
     for i in range(num_seqs):
@@ -133,3 +138,22 @@ def test_ragged_reference_with_one_token_each_is_decode_reference():
         q, cache.k_pages, cache.v_pages, cache.kv_lens, cache.page_indices, cu, num, sliding_window=4, soft_cap=3.0
     )
     np.testing.assert_allclose(np.asarray(ragged), np.asarray(decode), atol=1e-6)
+
+
+@pytest.mark.parametrize("reference", [reference_paged_attention, reference_ragged_paged_attention])
+def test_references_refuse_int8_pages_without_scales(reference):
+    # Without the check a reference would attend to the raw integers and the kernels would be tested against that.
+    cache = build_paged_kv(
+        np.random.default_rng(3),
+        [5],
+        num_kv_heads=2,
+        page_size=4,
+        head_dim=16,
+        pages_per_seq=2,
+        dtype=None,
+        quantize=True,
+    )
+    q = jnp.zeros((1, 2, 16), jnp.float32)
+    meta = () if reference is reference_paged_attention else ragged_metadata([1], 1, 1)
+    with pytest.raises(ValueError, match="int8 pages need k_scales and v_scales"):
+        reference(q, cache.k_pages, cache.v_pages, cache.kv_lens, cache.page_indices, *meta)

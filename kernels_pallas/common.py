@@ -85,31 +85,9 @@ def check_kv_pages(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, k_scale
 
 
 def check_kv_scales(k_pages: jax.Array, v_pages: jax.Array, k_scales, v_scales) -> None:
-    """int8 pages need both scales, float32 [K, P, G, 1]; float pages take none.
-
-    The references call this too: without it, int8 pages passed without scales would silently be attended as raw
-    integers.
-    """
-    if (k_scales is None) != (v_scales is None):
-        raise ValueError("k_scales and v_scales must be given together (both or neither)")
-    int8_pages = (k_pages.dtype == jnp.int8, v_pages.dtype == jnp.int8)
-    if k_scales is None:
-        if any(int8_pages):
-            raise ValueError(
-                f"int8 pages need k_scales and v_scales (float32 [K, P, G, 1]), got k_pages {k_pages.dtype}, "
-                f"v_pages {v_pages.dtype} and no scales"
-            )
-        return
-    if not all(int8_pages):
-        raise ValueError(
-            f"k_scales / v_scales are only for int8 pages, got k_pages {k_pages.dtype}, v_pages {v_pages.dtype}"
-        )
-    want = (*k_pages.shape[:3], 1)
-    for name, scales in (("k_scales", k_scales), ("v_scales", v_scales)):
-        if scales.dtype != jnp.float32:
-            raise ValueError(f"{name} must be float32, got {scales.dtype}")
-        if scales.shape != want:
-            raise ValueError(f"{name} must have shape [K, P, G, 1] = {want}, got {scales.shape}")
+    """kv_quant.check_scales (one definition for every attention path). The references call it too: without it,
+    int8 pages passed without scales would silently be attended as raw integers."""
+    kv_quant.check_scales(k_pages, v_pages, k_scales, v_scales)
 
 
 def dequantize_tile(x: jax.Array, scales: jax.Array | None, dtype) -> jax.Array:

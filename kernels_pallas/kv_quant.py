@@ -48,19 +48,24 @@ def round_trip(x: jax.Array) -> jax.Array:
 
 
 def check_scales(k_pages, v_pages, k_scales, v_scales) -> None:
-    """int8 pages need float32 scales [K, P, G, 1] for K and V; float pages take none."""
-    quantized = k_pages.dtype == jnp.int8
-    if v_pages.dtype != k_pages.dtype:
-        raise ValueError(f"k_pages and v_pages must share a dtype, got {k_pages.dtype} and {v_pages.dtype}")
+    """int8 pages need both scales, float32 [K, P, G, 1]; float pages take none (ValueError otherwise)."""
     if (k_scales is None) != (v_scales is None):
-        raise ValueError("k_scales and v_scales go together: pass both or neither")
-    if not quantized:
-        if k_scales is not None:
-            raise ValueError(f"k_scales / v_scales are for int8 pages, got {k_pages.dtype} pages")
+        raise ValueError("k_scales and v_scales must be given together (both or neither)")
+    int8_pages = (k_pages.dtype == jnp.int8, v_pages.dtype == jnp.int8)
+    if k_scales is None:
+        if any(int8_pages):
+            raise ValueError(
+                f"int8 pages need k_scales and v_scales (float32 [K, P, G, 1]), got k_pages {k_pages.dtype}, "
+                f"v_pages {v_pages.dtype} and no scales"
+            )
         return
+    if not all(int8_pages):
+        raise ValueError(
+            f"k_scales / v_scales are only for int8 pages, got k_pages {k_pages.dtype}, v_pages {v_pages.dtype}"
+        )
     want = (*k_pages.shape[:3], 1)
-    for name, s in (("k_scales", k_scales), ("v_scales", v_scales)):
-        if s is None:
-            raise ValueError("int8 pages need their scales: k_scales and v_scales [K, P, G, 1] float32")
-        if tuple(s.shape) != want or s.dtype != jnp.float32:
-            raise ValueError(f"{name} must be float32 {list(want)}, got {s.dtype} {list(s.shape)}")
+    for name, scales in (("k_scales", k_scales), ("v_scales", v_scales)):
+        if scales.dtype != jnp.float32:
+            raise ValueError(f"{name} must be float32, got {scales.dtype}")
+        if tuple(scales.shape) != want:
+            raise ValueError(f"{name} must have shape [K, P, G, 1] = {want}, got {tuple(scales.shape)}")

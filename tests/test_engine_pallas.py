@@ -36,3 +36,19 @@ def test_pallas_interpret_engine_with_a_sliding_window_and_eviction_matches_the_
     want = greedy_reference(model, prompts, [p.max_tokens for p in params], width=72)
     assert [o.outputs[0].token_ids for o in got] == want
     assert engine.scheduler.pool.num_free == opts["num_pages"]
+
+
+def test_pallas_interpret_engine_with_int8_kv_matches_the_quantized_full_forward():
+    """kv_cache_dtype="int8" through the dispatcher into the Pallas kernel: the scales reach it, and its greedy
+    tokens equal the full forward with K and V rounded through int8 (the XLA path's test is test_int8_kv_engine)."""
+    model = init_model(get_model_config("test-tiny"), seed=0)
+    prompts = [list(range(3, 3 + n)) for n in (40, 21, 9)]
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (12, 8, 10)]
+    opts = dict(max_num_seqs=4, max_num_batched_tokens=16, page_size=8, num_pages=24, max_model_len=72)
+    engine = LLMEngine(
+        model, attention_backend="pallas", pallas_interpret=True, warmup=False, kv_cache_dtype="int8", **opts
+    )
+    got = LLM.from_engine(engine).generate(prompts, params)
+    want = greedy_reference(model, prompts, [p.max_tokens for p in params], width=72, quantize_kv=True)
+    assert [o.outputs[0].token_ids for o in got] == want
+    assert engine.scheduler.pool.num_free == opts["num_pages"]

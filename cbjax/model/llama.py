@@ -32,8 +32,13 @@ class AttentionMetadata(typing.NamedTuple):
 def _write_rows(pages, rows, slot_mapping):
     """pages [K, P, G, X] with rows [T, K, X] written at flat rows slot_mapping [T] (page * G + offset)."""
     Kh, P, G, X = pages.shape
-    flat = pages.reshape(Kh, P * G, X).at[:, slot_mapping].set(rows.transpose(1, 0, 2).astype(pages.dtype))
-    return flat.reshape(Kh, P, G, X)
+    rows = rows.transpose(1, 0, 2).astype(pages.dtype)  # [K, T, X]
+    if X == 1:
+        # An int8 cache's scales: XLA:CPU scatters [K, T, 1] slices into [K, P*G, 1] ~5x slower than single
+        # elements into the flat array (0.30 vs 0.07 ms a layer for 64 rows of llama-tiny's pool, measured).
+        idx = (jnp.arange(Kh, dtype=slot_mapping.dtype)[:, None] * (P * G) + slot_mapping[None, :]).reshape(-1)
+        return pages.reshape(-1).at[idx].set(rows.reshape(-1)).reshape(Kh, P, G, X)
+    return pages.reshape(Kh, P * G, X).at[:, slot_mapping].set(rows).reshape(Kh, P, G, X)
 
 
 class RMSNorm(nnx.Module):

@@ -81,11 +81,11 @@ def test_quantize_round_trip_error_is_within_half_a_step():
 def test_bad_scales_are_rejected():
     rng = np.random.default_rng(1)
     args, scales, _ = quantize_case(rng, make_case(rng, [1, 3], [9, 3]))
-    with pytest.raises(ValueError, match="need their scales"):
+    with pytest.raises(ValueError, match="need k_scales and v_scales"):
         xla_ragged_paged_attention(*args)
     with pytest.raises(ValueError, match="both or neither"):
         xla_ragged_paged_attention(*args, k_scales=scales["k_scales"])
-    with pytest.raises(ValueError, match="float32"):
+    with pytest.raises(ValueError, match="shape"):
         xla_ragged_paged_attention(*args, k_scales=scales["k_scales"][..., 0], v_scales=scales["v_scales"])
     float_args = make_case(rng, [1, 3], [9, 3])
     with pytest.raises(ValueError, match="for int8 pages"):

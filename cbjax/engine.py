@@ -393,7 +393,9 @@ def sim_cost_model(cfg: EngineConfig, mcfg: ModelConfig):
     if cfg.sim_profile is not None:
         return load_profile(cfg.sim_profile)
     if cfg.sim_accelerator is not None:
-        return RooflineCost.for_model(mcfg, cfg.sim_accelerator, num_chips=cfg.sim_num_chips)
+        return RooflineCost.for_model(
+            mcfg, cfg.sim_accelerator, num_chips=cfg.sim_num_chips, kv_cache_dtype=cfg.kv_cache_dtype
+        )
     raise ValueError("runner='sim' needs sim_profile (a cost-model profile) or sim_accelerator (a roofline)")
 
 

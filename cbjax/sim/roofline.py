@@ -29,7 +29,7 @@ scheduling), `num_chips` chips in tensor parallel with free communication (optim
 
 import dataclasses
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,12 +55,14 @@ ACCELERATORS = {
 SHAPE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")
 
 
-def model_shape(mcfg) -> dict:
-    """The numbers of a ModelConfig (or any object with its fields) the roofline needs."""
+def model_shape(mcfg, kv_cache_dtype: str = "auto") -> dict:
+    """The numbers of a ModelConfig (or any object with its fields) the roofline needs; `kv_cache_dtype` is the
+    engine option ("auto": the model's dtype; "int8": one byte per value plus a float32 scale per token and kv
+    head, kernels_pallas/kv_quant.py)."""
     shape = {k: int(getattr(mcfg, k)) for k in SHAPE_FIELDS}
     shape["head_dim"] = int(mcfg.dim_per_head)
     shape["dtype"] = str(mcfg.matmul_dtype or mcfg.dtype) if hasattr(mcfg, "matmul_dtype") else str(mcfg.dtype)
-    shape["kv_dtype"] = str(mcfg.dtype)
+    shape["kv_dtype"] = str(mcfg.dtype) if kv_cache_dtype in (None, "auto") else kv_cache_dtype
     return shape
 
 
@@ -96,7 +98,8 @@ class RooflineCost:
         self.layer_params = D * N * H + 2 * D * K * H + N * H * D + 3 * D * F
         self.weight_bytes = (L * self.layer_params + 2 * V * D) * w  # LM head and embedding table held in HBM
         self.step_weight_bytes = (L * self.layer_params + V * D) * w  # read each step (embedding rows: negligible)
-        self.kv_bytes_per_token = 2 * L * K * H * DTYPE_BYTES[s["kv_dtype"]]
+        kv_scale = 4 if s["kv_dtype"] == "int8" else 0  # int8 pages carry a float32 scale per token and kv head
+        self.kv_bytes_per_token = 2 * L * K * (H * DTYPE_BYTES[s["kv_dtype"]] + kv_scale)
         self.act_bytes_per_token = 2 * L * w * (4 * D + (N + 2 * K) * H + N * H + 3 * F)
         self.attn_flops_per_pair = 4 * N * H * L
         self.head_flops_per_seq = 2 * D * V
@@ -105,8 +108,8 @@ class RooflineCost:
         self.bytes_per_s = a.hbm_bandwidth * n * self.bandwidth_efficiency
 
     @classmethod
-    def for_model(cls, mcfg, accelerator: str, **options) -> "RooflineCost":
-        return cls(model_shape(mcfg), accelerator, **options)
+    def for_model(cls, mcfg, accelerator: str, kv_cache_dtype: str = "auto", **options) -> "RooflineCost":
+        return cls(model_shape(mcfg, kv_cache_dtype), accelerator, **options)
 
     def kv_pages(self, page_size: int) -> int:
         """KV pages that fit in HBM * memory_utilization once the weights are in."""

@@ -115,3 +115,16 @@ def test_replay_cost_refuses_to_run_past_its_recording():
     assert m.step_time(StepFeatures()) == 0.5
     with pytest.raises(RuntimeError, match="only 1 recorded"):
         m.step_time(StepFeatures())
+
+
+def test_roofline_int8_kv_holds_about_twice_the_bfloat16_pages_and_reads_half_the_bytes():
+    mcfg = get_model_config("llama-7b").replace(dtype="bfloat16")
+    bf16 = RooflineCost.for_model(mcfg, "h200")
+    int8 = RooflineCost.for_model(mcfg, "h200", kv_cache_dtype="int8")
+    H = mcfg.dim_per_head
+    assert int8.kv_bytes_per_token / bf16.kv_bytes_per_token == pytest.approx((H + 4) / (2 * H))  # + the scales
+    assert int8.kv_pages(16) / bf16.kv_pages(16) == pytest.approx(2 * H / (H + 4), rel=0.01)
+    long_decode = StepFeatures(
+        padded_tokens=64, num_tokens=64, decode_tokens=64, num_seqs=64, num_sampling_seqs=64, sum_context=64 * 4000
+    )
+    assert int8.step_time(long_decode) < bf16.step_time(long_decode)

@@ -18,6 +18,7 @@ from cbjax.runner.program_cache import ProgramCache
 from cbjax.runner.sampler import sample
 from cbjax.runner.step_input import BucketTable, StepInput, empty_step_input, pack_step
 from cbjax.runner.step_programs import StepPrograms
+from cbjax.runner.verify import head_and_verify
 from kernels_pallas.xla_attention import resolve_decode_impl
 
 WARMUP_MODES = ("full", "background", "none")
@@ -50,18 +51,45 @@ def _intern(value) -> _Static:
     return _INTERNED.setdefault(value, _Static(value))
 
 
+@dataclasses.dataclass(frozen=True)
+class Speculation:
+    """Static: the step verifies up to `max_drafts` drafts per sequence with acceptance `rule` (acceptance.py)."""
+
+    max_drafts: int
+    rule: object
+
+
 @functools.partial(
-    jax.jit, static_argnames=("graphdef", "backend", "interpret", "mesh"), donate_argnames=("kv_caches",)
+    jax.jit,
+    static_argnames=("graphdef", "backend", "interpret", "mesh", "speculation"),
+    donate_argnames=("kv_caches",),
 )
-def _step(params, kv_caches, inp: StepInput, prev_tokens, *, graphdef, backend: str, interpret: bool, mesh=None):
+def _step(
+    params,
+    kv_caches,
+    inp: StepInput,
+    prev_tokens,
+    *,
+    graphdef,
+    backend: str,
+    interpret: bool,
+    mesh=None,
+    speculation=None,
+):
     """params: the model state's leaves; graphdef: interned (GraphDef, state treedef); prev_tokens: the previous
-    step's sampled tokens [max_num_seqs], still on the device. Returns this step's, padded the same way."""
+    step's sampled tokens [max_num_seqs], still on the device. Returns this step's, padded the same way.
+    With `speculation`: tokens are [max_num_seqs, K + 2] per slot (cbjax/runner/verify.py); column 0 feeds the
+    pending tokens of the next step."""
     module_def, treedef = graphdef.value
     model = nnx.merge(module_def, jax.tree.unflatten(treedef, params))
-    token_ids = jnp.where(inp.token_src >= 0, prev_tokens[jnp.maximum(inp.token_src, 0)], inp.token_ids)
+    fed = prev_tokens if speculation is None else prev_tokens[:, 0]
+    token_ids = jnp.where(inp.token_src >= 0, fed[jnp.maximum(inp.token_src, 0)], inp.token_ids)
     md = AttentionMetadata(inp.slot_mapping, inp.kv_lens, inp.page_indices, inp.cu_q_lens, inp.num_seqs)
     hidden, kv_caches = model(token_ids, inp.positions, kv_caches, md, backend, interpret, mesh)
-    tokens = _head_and_sample(model, hidden, inp)
+    if speculation is None:
+        tokens = _head_and_sample(model, hidden, inp)
+    else:
+        tokens = head_and_verify(model, hidden, inp, speculation.rule, speculation.max_drafts)
     tokens = jnp.zeros_like(prev_tokens).at[: tokens.shape[0]].set(tokens)
     if mesh is not None:  # every device (and every process) holds all of them: the host reads its own copy
         tokens = jax.lax.with_sharding_constraint(tokens, NamedSharding(mesh, PartitionSpec()))
@@ -128,7 +156,9 @@ class ModelRunner:
         program_cache_dir: str | None = None,
         device: "jax.Device | None" = None,
         mesh: "jax.sharding.Mesh | None" = None,
+        acceptance=None,
     ):
+        """`acceptance`: the rule verifying drafts (cbjax/runner/acceptance.py) when buckets.max_draft_tokens > 0."""
         cfg = model.cfg
         # The device this runner's parameters, KV pages and programs live on (None: jax's default). Replicas of a
         # data-parallel engine each get their own. Or a ("data", "model") mesh: tensor parallelism (sharding.py).
@@ -151,6 +181,13 @@ class ModelRunner:
             self.params = put([leaf for _, leaf in leaves_with_paths])
         self.graphdef = _intern((graphdef, treedef))
         self.buckets = buckets
+        K = buckets.max_draft_tokens
+        if K:
+            from cbjax.runner.acceptance import SampleAndMatch
+
+            self.speculation = Speculation(K, acceptance if acceptance is not None else SampleAndMatch())
+        else:
+            self.speculation = None
         self.page_size = page_size
         self.num_pages = num_pages
         self.pad_page = num_pages
@@ -200,9 +237,15 @@ class ModelRunner:
         self.swap_in_bytes_total = 0
         # The last dispatched step's sampled tokens, on the device, and each of its requests' slot: the next step
         # reads its pending tokens from there.
-        self._prev_tokens = put(jnp.zeros(buckets.max_num_seqs, jnp.int32))
+        self._prev_tokens = put(jnp.zeros(self._tokens_shape, jnp.int32))
         self._prev_slot_of: dict = {}
         self.last_step: StepHandle | None = None  # the last dispatched step
+
+    @property
+    def _tokens_shape(self) -> tuple[int, ...]:
+        """A step's sampled tokens on the device: one per slot, or [K + 2] per slot when speculating."""
+        n = self.buckets.max_num_seqs
+        return (n,) if self.speculation is None else (n, self.speculation.max_drafts + 2)
 
     @property
     def num_compiles(self) -> int:
@@ -233,16 +276,18 @@ class ModelRunner:
             b.slots(T),
             b.pages_per_seq,
             b.max_num_seqs,
+            self.speculation,
         )
 
     def _build_program(self, T: int):
         """The step for token bucket T: loaded from the program cache, else traced, lowered and compiled."""
         b = self.buckets
-        inp = empty_step_input(T, b.slots(T), b.pages_per_seq, self.pad_page, self.page_size)
+        rows = b.verify_rows(T) if self.speculation is not None else 0
+        inp = empty_step_input(T, b.slots(T), b.pages_per_seq, self.pad_page, self.page_size, rows)
         params, kv_caches = self._avals
         placed = self.device is not None or self.mesh is not None
         prev = jax.ShapeDtypeStruct(
-            (b.max_num_seqs,), jnp.int32, sharding=self._prev_tokens.sharding if placed else None
+            self._tokens_shape, jnp.int32, sharding=self._prev_tokens.sharding if placed else None
         )
         trees = jax.tree.structure(((params, kv_caches, inp, prev), {})), jax.tree.structure((prev, kv_caches))
         description = ("step", repr(self.cfg), self._program_key(T)[1:])
@@ -260,6 +305,7 @@ class ModelRunner:
             backend=self.backend,
             interpret=self.interpret,
             mesh=self.mesh,
+            speculation=self.speculation,
         )
         fresh = CompileCounter()
         with fresh.counting():
@@ -331,6 +377,8 @@ class ModelRunner:
         t0 = time.perf_counter()
         host_tokens = np.asarray(handle.tokens.addressable_data(0))  # the one device -> host copy of the step
         handle.wait_s = time.perf_counter() - t0
+        if self.speculation is not None:
+            return _verified_tokens(handle, host_tokens)
         result = np.empty(len(handle.order), np.int32)
         result[handle.order] = host_tokens[: len(handle.order)]
         return result
@@ -338,3 +386,14 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> np.ndarray:
         """dispatch + fetch: one step, synchronously."""
         return self.fetch(self.dispatch(out))
+
+
+def _verified_tokens(handle: StepHandle, host_tokens: np.ndarray) -> list:
+    """A speculative step's result per scheduled sequence, in out.seqs order: the list of its accepted drafts and
+    sampled token where it had drafts, else its one sampled token (an int), as Scheduler.update takes them."""
+    seqs = handle.out.seqs
+    result: list = [0] * len(handle.order)
+    for i, j in enumerate(handle.order):
+        row = host_tokens[i]
+        result[j] = row[: row[-1]].tolist() if seqs[j].draft_token_ids else int(row[0])
+    return result

@@ -398,7 +398,8 @@ class LLMEngine:
 
     def wait_until_warm(self) -> None:
         """Block until every step program is built (after which nothing compiles): call before timing a run."""
-        self.runner.programs.wait()
+        wait = getattr(self.runner, "wait_for_programs", None)  # (the model runner's; the simulator has none)
+        wait() if wait is not None else self.runner.programs.wait()
 
     def abort_all(self) -> None:
         for rid in list(self.requests):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from cbjax import LLM, LLMEngine, SamplingParams
+from cbjax.bench.metrics import StepRecord, acceptance_by_position, step_summary
 from cbjax.core.policies import POLICIES
 from tests.test_policy_engine_exact import MAX_MODEL_LEN, OPTS, model, workload  # noqa: F401 (fixtures)
 
@@ -22,7 +23,7 @@ class ReferenceProposer:
         self.full = [(list(p), list(p) + list(c)) for p, c in zip(prompts, continuations)]
 
     def propose(self, context, k):
-        ctx = list(context)
+        ctx = [int(t) for t in context]
         for prompt, full in self.full:
             if len(ctx) <= len(full) and ctx == full[: len(ctx)] and ctx[: len(prompt)] == prompt:
                 n = len(ctx)
@@ -131,6 +132,15 @@ def test_ngram_drafts_end_to_end_equal_no_speculation_and_stream_every_token(mod
     spec = engine.scheduler.speculator
     assert spec.num_accepted_tokens > 0, "repeated prompts were meant to make n-gram drafts pass"
     assert engine.scheduler.pool.num_free == engine.scheduler.pool.num_pages
+    # The step records add up to the speculator's tallies, and the summary's metrics follow from them.
+    summary = step_summary([StepRecord(**s) for s in engine.step_records])
+    assert summary["spec_draft_tokens"] == spec.num_draft_tokens
+    assert summary["spec_acceptance_rate"] == pytest.approx(spec.num_accepted_tokens / spec.num_draft_tokens)
+    length = 1 + spec.num_accepted_tokens / spec.num_verified_seqs
+    assert summary["spec_mean_acceptance_length"] == pytest.approx(length)
+    by_position = list(spec.accepted_by_position / spec.drafted_by_position)
+    assert acceptance_by_position([StepRecord(**s) for s in engine.step_records]) == pytest.approx(by_position)
+    assert [summary[f"spec_acceptance_pos{i + 1}"] for i in range(K)] == pytest.approx(by_position)
 
 
 def test_sampled_outputs_keep_their_seeds_tokens_with_drafts(model, workload):  # noqa: F811

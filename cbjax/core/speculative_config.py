@@ -66,10 +66,15 @@ class SpeculativeConfig:
 
     @classmethod
     def from_option(cls, value) -> "SpeculativeConfig | None":
-        """The engine option: None (off), a SpeculativeConfig, or a dict of its fields."""
+        """The engine option: None (off), a SpeculativeConfig, or a dict of its fields (an experiment config's
+        ConfigDict too); a dict whose method is None is off (the experiment configs' default)."""
         if value is None or isinstance(value, SpeculativeConfig):
             return value
+        if hasattr(value, "to_dict"):  # ml_collections.ConfigDict
+            value = value.to_dict()
         options = check.mapping("speculative_config", value)
+        if "method" in options and options["method"] is None:
+            return None
         unknown = set(options) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ValueError(f"speculative_config: unknown field(s) {sorted(unknown)}")

@@ -40,7 +40,7 @@ class Speculator:
     def drafts(self, req: Request, limit: int) -> list[int]:
         """Up to min(step's k, limit) draft tokens continuing `req`'s context (every token of it known)."""
         k = min(self.step_drafts, limit)
-        return self.proposer.propose(req.all_token_ids, k) if k > 0 else []
+        return self.proposer.propose(context_array(req), k) if k > 0 else []
 
     def record(self, num_drafts: int, num_accepted: int) -> None:
         self.num_draft_tokens += num_drafts
@@ -51,20 +51,47 @@ class Speculator:
 
     def tally(self) -> tuple:
         """The cumulative counts before a step's results are received (for `step_record`)."""
-        return self.num_accepted_tokens, self.drafted_by_position.copy(), self.accepted_by_position.copy()
+        return (
+            self.num_accepted_tokens,
+            self.num_verified_seqs,
+            self.drafted_by_position.copy(),
+            self.accepted_by_position.copy(),
+        )
 
     def step_record(self, before: tuple, num_draft_tokens: int, num_tokens: int, seconds: float) -> dict:
         """After a step's results were received: hand its acceptance by position and its cost to the draft-length
         rule (it may learn from them); returns the step's fields for the engine's step record."""
-        accepted, drafted_by_position, accepted_by_position = before
-        self.rule.observe_acceptance(
-            (self.drafted_by_position - drafted_by_position).tolist(),
-            (self.accepted_by_position - accepted_by_position).tolist(),
-        )
+        accepted, verified, drafted_by_position, accepted_by_position = before
+        drafted_by_position = (self.drafted_by_position - drafted_by_position).tolist()
+        accepted_by_position = (self.accepted_by_position - accepted_by_position).tolist()
+        self.rule.observe_acceptance(drafted_by_position, accepted_by_position)
         if num_tokens:
             self.rule.observe_step(num_tokens, seconds)
-        return dict(spec_draft_tokens=num_draft_tokens, spec_accepted_tokens=self.num_accepted_tokens - accepted)
+        return dict(
+            spec_draft_tokens=num_draft_tokens,
+            spec_accepted_tokens=self.num_accepted_tokens - accepted,
+            spec_verified_seqs=self.num_verified_seqs - verified,
+            spec_drafted_by_position=drafted_by_position,
+            spec_accepted_by_position=accepted_by_position,
+        )
 
     @property
     def acceptance_rate(self) -> float:
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+
+def context_array(req: Request) -> np.ndarray:
+    """`req`'s context as an int array, kept on the request and extended by the tokens added since the last call:
+    converting a long context from the list at every step would cost more than the lookup. Only called when every
+    token is known (no pending placeholder), and known tokens never change, so the copied prefix stays valid."""
+    buf, n = req.spec_context if req.spec_context is not None else (np.empty(0, np.int32), 0)
+    size = req.num_tokens
+    if size < n:  # (outputs dropped: not while the request runs, but cheap to be safe)
+        buf, n = np.empty(0, np.int32), 0
+    if size > buf.shape[0]:
+        grown = np.empty(max(2 * buf.shape[0], size + 64), np.int32)
+        grown[:n] = buf[:n]
+        buf = grown
+    buf[n:size] = req.all_token_ids[n:size]
+    req.spec_context = (buf, size)
+    return buf[:size]

@@ -107,7 +107,11 @@ def empty_step_input(T: int, S: int, W: int, pad_page: int, page_size: int, num_
 
 
 def pack_step(
-    out: SchedulerOutput, buckets: BucketTable, pad_page: int, prev_slot_of: Mapping[Request, int]
+    out: SchedulerOutput,
+    buckets: BucketTable,
+    pad_page: int,
+    prev_slot_of: Mapping[Request, int],
+    verify: bool = False,
 ) -> tuple[StepInput, list[int]]:
     """Lay the scheduled sequences out as one flat padded batch, decodes first (the attention's decode loop then
     visits only the leading slots). Returns the input and `order`: slot i holds out.seqs[order[i]].
@@ -168,7 +172,7 @@ def pack_step(
     inp.top_p[:n] = [p.top_p for p in params]
     if n:
         inp.seeds[:n], inp.counters[:n] = zip(*counters)
-    if buckets.max_draft_tokens:
+    if verify:  # a speculative step (verify_rows.py)
         verify = pack_verify_rows(buckets.verify_rows(T), buckets.slots(T), cu, drafts, inp.counters[:n], inp.token_ids)
         inp = inp._replace(verify=verify)
     return inp, order

@@ -106,7 +106,7 @@ class MostlyRightProposer:
         self.rng = random.Random(seed)
 
     def propose(self, context, k: int) -> list[int]:
-        ctx, out = list(context), []
+        ctx, out = [int(t) for t in context], []
         assert PENDING_TOKEN not in ctx, "drafts proposed for a context with a pending token"
         for _ in range(self.rng.randint(0, k)):
             t = next_token(tuple((tok, i) for i, tok in enumerate(ctx)), VOCAB)

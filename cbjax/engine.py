@@ -303,7 +303,7 @@ class LLMEngine:
         sched = self.scheduler
         changed: list[Request] = []
         spec = sched.speculator
-        if spec is not None and self._in_flight and spec.wants_drafts(len(sched.running)):
+        if spec is not None and self._in_flight and spec.wants_drafts(spec.batch_size(sched)):
             changed += self._receive(0, t0)  # drafts are proposed from every token: let the last ones arrive
         before = self._counters()
         out = sched.schedule()

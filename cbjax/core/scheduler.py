@@ -126,7 +126,7 @@ class Scheduler:
             may_admit=self.policy.may_admit(self.running, self.waiting, now),
         )
         if self.speculator is not None:
-            self.speculator.begin_step(len(self.running))
+            self.speculator.begin_step(self.speculator.batch_size(self))
         if self.policy.admits_whole_batch:
             self._admit_batch(step)
         ranking = self.policy.rank(self.running, self.waiting, now)

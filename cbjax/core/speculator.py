@@ -28,6 +28,13 @@ class Speculator:
         self.drafted_by_position = np.zeros(self.max_drafts, np.int64)
         self.accepted_by_position = np.zeros(self.max_drafts, np.int64)
 
+    @staticmethod
+    def batch_size(sched) -> int:
+        """The batch size the draft-length rule goes by: the sequences running and waiting, up to the slots. While a
+        batch fills up (a few sequences running, many waiting) it is already the batch it is about to be: a large
+        batch drafts nothing from its first steps on."""
+        return min(len(sched.running) + len(sched.waiting), sched.config.max_num_seqs)
+
     def wants_drafts(self, batch_size: int) -> bool:
         """Whether a step with this many running sequences would verify drafts (the engine then lets every token
         reach the host before scheduling it: proposals need the latest tokens)."""

@@ -19,6 +19,7 @@ from cbjax.core.outputs import CompletionOutput, RequestOutput
 from cbjax.core.request import Request
 from cbjax.core.sampling_params import SamplingParams
 from cbjax.core.scheduler import Scheduler, SchedulerConfig
+from cbjax.core.speculator import Speculator
 from cbjax.engine_config import EngineConfig
 from cbjax.model.config import ModelConfig, get_model_config
 from cbjax.model.hf_loader import load_hf_model
@@ -110,7 +111,9 @@ class LLMEngine:
         self.config = cfg = dataclasses.replace(
             cfg, num_pages=num_pages, max_model_len=max_model_len, num_host_pages=num_host_pages
         )
-        self.buckets = BucketTable.build(cfg.max_num_batched_tokens, max_model_len, cfg.page_size, cfg.max_num_seqs)
+        spec, sizes = cfg.speculative_config, (cfg.max_num_batched_tokens, max_model_len, cfg.page_size)
+        k = 0 if spec is None else spec.num_speculative_tokens  # drafts verified per sequence and step, at most
+        self.buckets = BucketTable.build(*sizes, cfg.max_num_seqs, max_draft_tokens=k)
         # Built before the model runner so a bad policy, policy option or preemption mode fails before any compile.
         self.scheduler = Scheduler(
             SchedulerConfig(
@@ -131,6 +134,7 @@ class LLMEngine:
                 evict_outside_window=cfg.evict_outside_window,
             ),
             self.clock,
+            speculator=None if spec is None else Speculator(spec),
         )
         self.runner = self._sim_runner(cfg, cost_model) if sim else self._model_runner(cfg, device)
         mode = {True: "full", False: "none"}.get(cfg.warmup, cfg.warmup)
@@ -300,6 +304,10 @@ class LLMEngine:
         output for each request that got a token or finished (its `new_token_ids` is the stream delta)."""
         t0 = time.perf_counter()
         sched = self.scheduler
+        changed: list[Request] = []
+        spec = sched.speculator
+        if spec is not None and self._in_flight and spec.wants_drafts(spec.batch_size(sched)):
+            changed += self._receive(0, t0)  # drafts are proposed from every token: let the last ones arrive
         before = self._counters()
         out = sched.schedule()
         dispatched = out.seqs or out.swap_out or out.swap_in
@@ -307,20 +315,33 @@ class LLMEngine:
             handle = self.runner.dispatch(out)
             self._in_flight.append((handle, {k: v - before[k] for k, v in self._counters().items()}))
             self.num_steps += 1
-        keep = 1 if self.config.async_scheduling and dispatched else 0
+        # A step that verifies drafts is received at once: how far its sequences advance is known only then.
+        keep = 1 if self.config.async_scheduling and dispatched and not out.num_draft_tokens else 0
+        changed += self._receive(keep, t0)
+        # A request appears once per token it received (speculation: several per step).
+        new_tokens = collections.Counter(changed)
+        outputs = [self._output(r, n) for r, n in new_tokens.items()] + [self._output(r, 0) for r in self._pending]
+        self._pending.clear()
+        return outputs
+
+    def _receive(self, keep: int, t0: float) -> list[Request]:
+        """Receive the results of the oldest steps in flight until `keep` remain."""
+        sched, spec = self.scheduler, self.scheduler.speculator
         changed: list[Request] = []
         while len(self._in_flight) > keep:
             handle, counts = self._in_flight.popleft()
             sampled = self.runner.fetch(handle)
             if self.after_execute is not None:
                 self.after_execute()
+            tally = spec.tally() if spec is not None else None
             changed += sched.update(handle.out, sampled, self.model_config.eos_token_id, self.clock.now())
             # Host time: everything in this call but the waits for the device and the swap copies.
             host_s = time.perf_counter() - t0 - handle.wait_s - handle.swap_s
+            if spec is not None:
+                out = handle.out
+                counts |= spec.step_record(tally, out.num_draft_tokens, out.num_batched_tokens, host_s + handle.wait_s)
             self._record_step(handle, host_s, counts)
-        outputs = [self._output(r, 1) for r in changed] + [self._output(r, 0) for r in self._pending]
-        self._pending.clear()
-        return outputs
+        return changed
 
     def _counters(self) -> dict[str, int]:
         sched = self.scheduler
@@ -380,7 +401,8 @@ class LLMEngine:
 
     def wait_until_warm(self) -> None:
         """Block until every step program is built (after which nothing compiles): call before timing a run."""
-        self.runner.programs.wait()
+        wait = getattr(self.runner, "wait_for_programs", None)  # (the model runner's; the simulator has none)
+        wait() if wait is not None else self.runner.programs.wait()
 
     def abort_all(self) -> None:
         for rid in list(self.requests):

@@ -8,6 +8,7 @@ import dataclasses
 
 from cbjax.core import validation as check
 from cbjax.core.policies import POLICIES, make_policy
+from cbjax.core.speculative_config import SpeculativeConfig
 from cbjax.sim.roofline import ACCELERATORS
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -68,6 +69,9 @@ class EngineConfig:
     sim_profile: str | None = None  # sim: a cost-model profile (JSON, e.g. from experiments/calibrate.py)
     sim_accelerator: str | None = None  # sim without a profile: the roofline of this accelerator (cbjax.sim.roofline)
     sim_num_chips: int = 1  # sim_accelerator: chips in tensor parallel (communication taken as free)
+    # Speculative decoding (cbjax/core/speculative_config.py, docs/speculative.md): None (off), or a dict such as
+    # {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}.
+    speculative_config: SpeculativeConfig | dict | None = None
 
     def __post_init__(self):
         """Check every option (ValueError naming it, its value and what is allowed) and store plain Python values.
@@ -105,6 +109,7 @@ class EngineConfig:
             sim_profile=None if self.sim_profile is None else check.text("sim_profile", self.sim_profile),
             sim_accelerator=check.choice("sim_accelerator", self.sim_accelerator, (None, *ACCELERATORS)),
             sim_num_chips=check.integer("sim_num_chips", self.sim_num_chips, 1),
+            speculative_config=SpeculativeConfig.from_option(self.speculative_config),
         )
         for name, value in normal.items():
             object.__setattr__(self, name, value)
@@ -114,6 +119,8 @@ class EngineConfig:
                 f"sim_profile ({self.sim_profile!r}) and sim_accelerator ({self.sim_accelerator!r}) both set; "
                 "a simulation takes its step times from one of them"
             )
+        if self.speculative_config is not None and self.runner == "sim":
+            raise ValueError("speculative_config is not supported by the simulator (runner='sim') yet")
 
     @classmethod
     def from_options(cls, options: dict) -> "EngineConfig":

@@ -53,6 +53,15 @@ def get_config() -> ml_collections.ConfigDict:
     e.async_scheduling = True  # schedule and start step n+1 while step n runs
     e.compilation_cache = "auto"  # persistent compilation cache: auto (user cache dir) | off | a directory
     e.runner = "model"  # model: the real engine on this machine | sim: the simulator (docs/sim.md; needs c.sim)
+    # Speculative decoding (docs/speculative.md), off while method is None:
+    # --config.engine.speculative_config.method=ngram
+    sd = e.speculative_config = ml_collections.ConfigDict()
+    sd.method = config_dict.placeholder(str)  # None (off) | ngram (prompt lookup)
+    sd.num_speculative_tokens = 4  # k: the most drafts a sequence verifies per step
+    sd.prompt_lookup_min = 2  # ngram: shortest suffix n-gram matched
+    sd.prompt_lookup_max = 4  # ngram: longest suffix n-gram matched (tried first)
+    sd.draft_length = "fixed"  # fixed (k) | batch_size (draft_length_table) | measured (acceptance x step cost)
+    sd.draft_length_table = config_dict.placeholder(dict)  # batch_size: {"1-8": 4, "9-32": 2, "33-": 0}
 
     # The simulator (engine.runner = "sim" only; needs clock = "virtual"): step times from one of these.
     sim = c.sim = ml_collections.ConfigDict()

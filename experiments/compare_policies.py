@@ -51,6 +51,8 @@ COLUMNS = (
     ("hit rate", "prefix_cache_hit_rate", "{:.0%}"),
     ("long done", "long_completion_rate", "{:.0%}"),
     ("same out", "same_outputs", "{:.0%}"),
+    ("accept", "spec_acceptance_rate", "{:.0%}"),
+    ("acc len", "spec_mean_acceptance_length", "{:.2f}"),
 )
 
 

@@ -33,8 +33,9 @@ def workload(model):
         dict(num_pages=256),
         dict(num_pages=40, preemption_mode="recompute", enable_prefix_caching=True),
         dict(num_pages=40, preemption_mode="swap", num_host_pages=64, async_scheduling=False),
+        dict(num_pages=40, speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}),
     ],
-    ids=["roomy", "recompute+prefix", "swap"],
+    ids=["roomy", "recompute+prefix", "swap", "ngram-drafts"],
 )
 def test_int8_kv_greedy_tokens_equal_the_quantized_full_forward(model, workload, options):
     prompts, params, ref = workload

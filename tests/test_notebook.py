@@ -8,7 +8,9 @@ import nbformat
 from tests.helpers import ROOT
 
 
-def test_quickstart_notebook_runs_top_to_bottom():
+def test_quickstart_notebook_runs_top_to_bottom(monkeypatch):
+    # The kernel imports this checkout's cbjax, not whichever one is installed (another worktree's, say).
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
     path = os.path.join(ROOT, "notebooks", "quickstart.ipynb")
     nb = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(

@@ -115,6 +115,13 @@ class StepRecord:
     prefix_queried_tokens: int = 0
     prefix_hit_tokens: int = 0
     replica: int = 0  # data-parallel engines: which replica took the step
+    # Speculative decoding in this step: draft tokens verified and accepted, the sequences that verified drafts,
+    # and both counts by draft position (index 0: the first draft of a sequence).
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_verified_seqs: int = 0
+    spec_drafted_by_position: list = dataclasses.field(default_factory=list)
+    spec_accepted_by_position: list = dataclasses.field(default_factory=list)
 
 
 def percentiles(values: Iterable[float], ps: Sequence[float] = (50, 90, 99)) -> dict[str, float]:
@@ -210,7 +217,12 @@ def step_summary(steps: Sequence[StepRecord]) -> dict[str, float]:
       step_preemptions (sum); host_s, device_s (sums) and host_fraction / device_fraction of host_s + device_s;
       compiles (the counter's last value) and compiles_after_first_step (last - first: recompiles during the run);
       swap_out_bytes, swap_in_bytes, swap_s, recomputed_tokens, prefix_queried_tokens, prefix_hit_tokens (sums)
-      and prefix_cache_hit_rate = prefix_hit_tokens / prefix_queried_tokens (NaN when nothing was looked up).
+      and prefix_cache_hit_rate = prefix_hit_tokens / prefix_queried_tokens (NaN when nothing was looked up);
+      speculative decoding (vLLM's definitions): spec_draft_tokens, spec_accepted_tokens (sums),
+      spec_acceptance_rate = accepted / drafted, spec_mean_acceptance_length = 1 + accepted / verifying sequence-steps
+      (tokens a sequence gains per verifying step), spec_acceptance_pos1..4 (accepted / drafted at the first four
+      draft positions; all of them: `acceptance_by_position`), spec_drafts_per_step (mean drafted tokens per
+      step); NaN without drafts.
     Steps with max_num_seqs == 0 or kv_pages_total == 0 are left out of the corresponding ratio."""
     n = len(steps)
 
@@ -246,6 +258,37 @@ def step_summary(steps: Sequence[StepRecord]) -> dict[str, float]:
             if (queried := sum(s.prefix_queried_tokens for s in steps))
             else NAN
         ),
+        **_speculation_summary(steps),
+    }
+
+
+def acceptance_by_position(steps: Sequence[StepRecord]) -> list[float]:
+    """Speculative decoding: accepted / drafted at each draft position (index 0: a sequence's first draft)."""
+    K = max((len(s.spec_drafted_by_position) for s in steps), default=0)
+    drafted, accepted = np.zeros(K), np.zeros(K)
+    for s in steps:
+        drafted[: len(s.spec_drafted_by_position)] += s.spec_drafted_by_position
+        accepted[: len(s.spec_accepted_by_position)] += s.spec_accepted_by_position
+    return [float(a / d) if d else NAN for a, d in zip(accepted, drafted)]
+
+
+# The summary's acceptance by position is flat (scalars only): its first positions, each a column.
+SUMMARY_POSITIONS = 4
+
+
+def _speculation_summary(steps: Sequence[StepRecord]) -> dict:
+    drafted = sum(s.spec_draft_tokens for s in steps)
+    accepted = sum(s.spec_accepted_tokens for s in steps)
+    verified = sum(s.spec_verified_seqs for s in steps)
+    by_position = acceptance_by_position(steps)
+    by_position += [NAN] * (SUMMARY_POSITIONS - len(by_position))
+    return {
+        "spec_draft_tokens": int(drafted),
+        "spec_accepted_tokens": int(accepted),
+        "spec_acceptance_rate": accepted / drafted if drafted else NAN,
+        "spec_mean_acceptance_length": 1.0 + accepted / verified if verified else NAN,
+        **{f"spec_acceptance_pos{i + 1}": by_position[i] for i in range(SUMMARY_POSITIONS)},
+        "spec_drafts_per_step": drafted / len(steps) if steps else NAN,
     }
 
 

@@ -58,6 +58,7 @@ class Request:
         "prompt_token_ids",
         "request_id",
         "seed",
+        "spec_context",
         "status",
         "tenant",
     )
@@ -102,6 +103,7 @@ class Request:
         self.admission_order = -1  # increases with every admission (running order, victim choice)
         self.last_scheduled_time = arrival_time  # when the request last got tokens (aging, starvation guards)
         self.policy_state = None  # whatever the policy keeps per request (mlfq: level and attained service)
+        self.spec_context = None  # speculation: the context as a numpy array, extended as it grows (speculator.py)
 
     @property
     def num_tokens(self) -> int:

@@ -9,6 +9,7 @@ new token. Finished sequences leave at `update`, so their slot and pages serve t
 import dataclasses
 from collections.abc import Sequence
 
+from cbjax.core import speculation
 from cbjax.core.clock import Clock
 from cbjax.core.page_pool import PagePool, chain_hashes
 from cbjax.core.policies import make_policy
@@ -16,6 +17,7 @@ from cbjax.core.policy import Policy
 from cbjax.core.request import FinishReason, Request, RequestStatus
 from cbjax.core.scheduler_config import SchedulerConfig, pages_for
 from cbjax.core.scheduler_output import ScheduledSeq, SchedulerOutput
+from cbjax.core.speculator import Speculator
 
 __all__ = ["ReadOnlyScheduler", "Scheduler", "SchedulerConfig", "pages_for"]
 
@@ -30,6 +32,7 @@ class _Placement:
     num_new_pages: int
     num_revived: int  # hit pages that are evictable now: taking them uses up free pages too
     num_swapped_in: int  # device pages for the KV coming back from host
+    draft_token_ids: list[int] = dataclasses.field(default_factory=list)  # speculation: drafts after the decode
 
     @property
     def pages_needed(self) -> int:
@@ -53,8 +56,11 @@ class Scheduler:
     The counters (preemptions, swapped pages, recomputed tokens) are cumulative; the engine reports per-step
     differences."""
 
-    def __init__(self, config: SchedulerConfig, clock: Clock, policy: Policy | None = None):
+    def __init__(
+        self, config: SchedulerConfig, clock: Clock, policy: Policy | None = None, speculator: Speculator | None = None
+    ):
         self.config = config
+        self.speculator = speculator  # None: no speculative decoding (speculation.py: the scheduler's part)
         self.clock = clock
         self.policy = policy or make_policy(
             config.policy,
@@ -119,6 +125,8 @@ class Scheduler:
             self.config.max_num_batched_tokens,
             may_admit=self.policy.may_admit(self.running, self.waiting, now),
         )
+        if self.speculator is not None:
+            self.speculator.begin_step(self.speculator.batch_size(self))
         if self.policy.admits_whole_batch:
             self._admit_batch(step)
         ranking = self.policy.rank(self.running, self.waiting, now)
@@ -185,13 +193,16 @@ class Scheduler:
         self._place(req, place, step)
         end = place.num_computed_tokens + place.num_new_tokens
         samples = end == req.num_tokens
-        step.out.seqs.append(ScheduledSeq(req, place.num_computed_tokens, place.num_new_tokens, samples))
-        step.budget -= place.num_new_tokens
+        drafts = place.draft_token_ids
+        n = place.num_new_tokens + len(drafts)  # drafts are computed (and paid for) like any token
+        step.out.seqs.append(ScheduledSeq(req, place.num_computed_tokens, n, samples, drafts))
+        step.budget -= n
         now = step.out.time
         if req.metrics.first_scheduled_time is None:
             req.metrics.first_scheduled_time = now
         req.last_scheduled_time = now
-        self.policy.on_scheduled(req, place.num_new_tokens, now)
+        self.policy.on_scheduled(req, n, now)
+        # Unverified drafts do not count as computed: what is accepted is added at `update`, the rest rolled back.
         req.num_computed_tokens = end
         if samples:
             req.append_pending_token()
@@ -231,7 +242,8 @@ class Scheduler:
         n = self._num_new_tokens(req, computed, budget)
         if n == 0:
             return None
-        total = pages_for(computed + n, G)
+        drafts = [] if self.speculator is None else speculation.drafts(self, req, computed, n, budget, have)
+        total = pages_for(computed + n + len(drafts), G)
         if self.policy.reserve_to_completion and not req.pages:
             lifetime = pages_for(min(req.num_prompt_tokens + req.params.max_tokens, self.config.max_model_len), G)
             if self._window is not None:  # what it holds at most once decoding, not what it passes through
@@ -239,7 +251,7 @@ class Scheduler:
             total = max(total, lifetime)
         revived = sum(1 for p in hits if self.pool.refcount(p) == 0)
         swapped_in = len(req.host_pages) if not req.pages else 0
-        return _Placement(computed, n, hits, max(0, total - have), revived, swapped_in)
+        return _Placement(computed, n, hits, max(0, total - have), revived, swapped_in, drafts)
 
     def _lookup(self, req: Request) -> list[int]:
         if not self.pool.enable_caching:
@@ -340,6 +352,9 @@ class Scheduler:
             req = seq.request
             if req.status is RequestStatus.FINISHED:
                 continue  # aborted, or stopped while this step ran
+            if seq.draft_token_ids:
+                changed += [req] * speculation.receive_verified(self, req, seq, token, eos_token_id, now)
+                continue
             if seq.samples_token:
                 i = req.receive_token(int(token))
                 m = req.metrics

@@ -14,6 +14,9 @@ class ScheduledSeq:
     num_computed_tokens: int  # tokens already in the cache before this step
     num_new_tokens: int  # tokens computed this step
     samples_token: bool  # the chunk reaches the end of the context: the step samples one new token for it
+    # Speculation: draft tokens computed after the context's last token (counted in num_new_tokens). The step
+    # verifies them and returns the accepted ones followed by one sampled token (cbjax/runner/verify.py).
+    draft_token_ids: list[int] | tuple = ()
 
 
 @dataclasses.dataclass(slots=True)
@@ -31,3 +34,7 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.seqs
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return sum(len(s.draft_token_ids) for s in self.seqs)

@@ -19,6 +19,7 @@ from cbjax.runner.program_cache import ProgramCache
 from cbjax.runner.sampler import sample
 from cbjax.runner.step_input import BucketTable, StepInput, empty_step_input, pack_step
 from cbjax.runner.step_programs import StepPrograms
+from cbjax.runner.verify import head_and_verify
 from kernels_pallas.xla_attention import resolve_decode_impl
 
 WARMUP_MODES = ("full", "background", "none")
@@ -51,19 +52,45 @@ def _intern(value) -> _Static:
     return _INTERNED.setdefault(value, _Static(value))
 
 
+@dataclasses.dataclass(frozen=True)
+class Speculation:
+    """Static: the step verifies up to `max_drafts` drafts per sequence with acceptance `rule` (acceptance.py)."""
+
+    max_drafts: int
+    rule: object
+
+
 @functools.partial(
-    jax.jit, static_argnames=("graphdef", "backend", "interpret", "mesh"), donate_argnames=("kv_caches",)
+    jax.jit,
+    static_argnames=("graphdef", "backend", "interpret", "mesh", "speculation"),
+    donate_argnames=("kv_caches",),
 )
-def _step(params, kv_caches, inp: StepInput, prev_tokens, *, graphdef, backend: str, interpret: bool, mesh=None):
+def _step(
+    params,
+    kv_caches,
+    inp: StepInput,
+    prev_tokens,
+    *,
+    graphdef,
+    backend: str,
+    interpret: bool,
+    mesh=None,
+    speculation=None,
+):
     """params: the model state's leaves; graphdef: interned (GraphDef, state treedef); prev_tokens: the previous
-    step's sampled tokens [max_num_seqs], still on the device. Returns this step's, padded the same way."""
+    step's sampled tokens [max_num_seqs], still on the device. Returns this step's, padded the same way.
+    With `speculation`: tokens are [max_num_seqs, K + 2] per slot (cbjax/runner/verify.py); column 0 feeds the
+    pending tokens of the next step."""
     module_def, treedef = graphdef.value
     model = nnx.merge(module_def, jax.tree.unflatten(treedef, params))
     token_ids = jnp.where(inp.token_src >= 0, prev_tokens[jnp.maximum(inp.token_src, 0)], inp.token_ids)
     md = AttentionMetadata(inp.slot_mapping, inp.kv_lens, inp.page_indices, inp.cu_q_lens, inp.num_seqs)
     hidden, kv_caches = model(token_ids, inp.positions, kv_caches, md, backend, interpret, mesh)
-    tokens = _head_and_sample(model, hidden, inp)
-    tokens = jnp.zeros_like(prev_tokens).at[: tokens.shape[0]].set(tokens)
+    if speculation is None:
+        tokens = _head_and_sample(model, hidden, inp)
+    else:
+        tokens = head_and_verify(model, hidden, inp, speculation.rule, speculation.max_drafts)
+    tokens = jnp.zeros((prev_tokens.shape[0], *tokens.shape[1:]), jnp.int32).at[: tokens.shape[0]].set(tokens)
     if mesh is not None:  # every device (and every process) holds all of them: the host reads its own copy
         tokens = jax.lax.with_sharding_constraint(tokens, NamedSharding(mesh, PartitionSpec()))
     return tokens, kv_caches
@@ -102,6 +129,7 @@ class StepHandle:
     swap_out_bytes: int = 0
     swap_in_bytes: int = 0
     wait_s: float = 0.0  # how long fetch waited for the device
+    verified: bool = False  # a speculative step: tokens are [max_num_seqs, K + 2] (cbjax/runner/verify.py)
 
 
 class ModelRunner:
@@ -130,7 +158,10 @@ class ModelRunner:
         device: "jax.Device | None" = None,
         mesh: "jax.sharding.Mesh | None" = None,
         kv_cache_dtype: str = "auto",
+        acceptance=None,
     ):
+        """`kv_cache_dtype`: the KV pages' dtype ("auto": the model's; "int8": kernels_pallas/kv_quant.py).
+        `acceptance`: the rule verifying drafts (cbjax/runner/acceptance.py) when buckets.max_draft_tokens > 0."""
         cfg = model.cfg
         # The device this runner's parameters, KV pages and programs live on (None: jax's default). Replicas of a
         # data-parallel engine each get their own. Or a ("data", "model") mesh: tensor parallelism (sharding.py).
@@ -153,6 +184,13 @@ class ModelRunner:
             self.params = put([leaf for _, leaf in leaves_with_paths])
         self.graphdef = _intern((graphdef, treedef))
         self.buckets = buckets
+        K = buckets.max_draft_tokens
+        if K:
+            from cbjax.runner.acceptance import SampleAndMatch
+
+            self.speculation = Speculation(K, acceptance if acceptance is not None else SampleAndMatch())
+        else:
+            self.speculation = None
         self.page_size = page_size
         self.num_pages = num_pages
         self.pad_page = num_pages
@@ -200,6 +238,15 @@ class ModelRunner:
             (self.params, self.kv_caches),
         )
         self.programs = StepPrograms(buckets.token_buckets, self._build_program, self._program_key, self.compiles)
+        # Speculation: a second program per bucket for the steps that verify drafts; a step without drafts (k = 0
+        # from an adaptive rule, or no proposal) runs the plain program and costs what it costs without speculation.
+        self.verify_programs = None
+        if self.speculation is not None:
+            build, key = (
+                functools.partial(self._build_program, verify=True),
+                functools.partial(self._program_key, verify=True),
+            )
+            self.verify_programs = StepPrograms(buckets.token_buckets, build, key, self.compiles)
         # Compiled step programs saved on disk for the next process (None: off).
         # (Not for a runner on another device than the default: a serialized program keeps its device assignment.)
         on_default = mesh is None and (device is None or device == jax.devices()[0])
@@ -208,7 +255,7 @@ class ModelRunner:
         self.swap_in_bytes_total = 0
         # The last dispatched step's sampled tokens, on the device, and each of its requests' slot: the next step
         # reads its pending tokens from there.
-        self._prev_tokens = put(jnp.zeros(buckets.max_num_seqs, jnp.int32))
+        self._prev_tokens = self._no_pending = put(jnp.zeros(buckets.max_num_seqs, jnp.int32))
         self._prev_slot_of: dict = {}
         self.last_step: StepHandle | None = None  # the last dispatched step
 
@@ -216,15 +263,15 @@ class ModelRunner:
     def num_compiles(self) -> int:
         return self.compiles.num_compiles
 
-    def _run(self, inp: StepInput):
-        program = self.programs.get(inp.token_ids.shape[0])
+    def _run(self, inp: StepInput, verify: bool = False):
+        program = (self.verify_programs if verify else self.programs).get(inp.token_ids.shape[0])
         if self._global_inputs:
             replicated = NamedSharding(self.mesh, PartitionSpec())
             inp = jax.tree.map(lambda a: sharding.put_global(a, replicated), inp)
         tokens, self.kv_caches = program(self.params, self.kv_caches, inp, self._prev_tokens)
         return tokens
 
-    def _program_key(self, T: int) -> tuple:
+    def _program_key(self, T: int, verify: bool = False) -> tuple:
         b = self.buckets
         shapes = tuple((a.shape, a.dtype) for a in jax.tree.leaves(self._avals))
         # The xla backend's decode rows run the C++ kernel or the XLA loop (chosen at trace time, see xla_attention).
@@ -241,19 +288,21 @@ class ModelRunner:
             b.slots(T),
             b.pages_per_seq,
             b.max_num_seqs,
+            self.speculation if verify else None,
         )
 
-    def _build_program(self, T: int):
+    def _build_program(self, T: int, verify: bool = False):
         """The step for token bucket T: loaded from the program cache, else traced, lowered and compiled."""
         b = self.buckets
-        inp = empty_step_input(T, b.slots(T), b.pages_per_seq, self.pad_page, self.page_size)
+        rows = b.verify_rows(T) if verify else 0
+        inp = empty_step_input(T, b.slots(T), b.pages_per_seq, self.pad_page, self.page_size, rows)
         params, kv_caches = self._avals
         placed = self.device is not None or self.mesh is not None
         prev = jax.ShapeDtypeStruct(
             (b.max_num_seqs,), jnp.int32, sharding=self._prev_tokens.sharding if placed else None
         )
         trees = jax.tree.structure(((params, kv_caches, inp, prev), {})), jax.tree.structure((prev, kv_caches))
-        description = ("step", repr(self.cfg), self._program_key(T)[1:])
+        description = ("step", repr(self.cfg), self._program_key(T, verify)[1:])
         if self.program_cache is not None:
             program = self.program_cache.load(description, *trees, device=self.device)
             if program is not None:
@@ -268,6 +317,7 @@ class ModelRunner:
             backend=self.backend,
             interpret=self.interpret,
             mesh=self.mesh,
+            speculation=self.speculation if verify else None,
         )
         fresh = CompileCounter()
         with fresh.counting():
@@ -289,9 +339,11 @@ class ModelRunner:
             with self.compiles.counting():
                 self.kv_caches = self.host_pool.warmup(self.kv_caches)
         if mode == "full":
-            self.programs.build_all()
+            for programs in self._program_families:
+                programs.build_all()
         elif mode == "background":
-            self.programs.start_background()
+            for programs in self._program_families:
+                programs.start_background()
         return time.perf_counter() - t0
 
     def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> tuple[float, int, int]:
@@ -323,8 +375,12 @@ class ModelRunner:
         if out.swap_out or out.swap_in:
             handle.swap_s, handle.swap_out_bytes, handle.swap_in_bytes = self.swap(out.swap_out, out.swap_in)
         if out.seqs:
-            inp, handle.order = pack_step(out, self.buckets, self.pad_page, self._prev_slot_of)
-            handle.tokens = self._prev_tokens = self._run(inp)
+            handle.verified = verify = self.speculation is not None and out.num_draft_tokens > 0
+            inp, handle.order = pack_step(out, self.buckets, self.pad_page, self._prev_slot_of, verify)
+            handle.tokens = self._run(inp, verify)
+            # A verifying step is received before the next is scheduled (the engine waits for it), so the next
+            # step has no pending token to read from it.
+            self._prev_tokens = self._no_pending if verify else handle.tokens
             handle.padded_tokens = inp.token_ids.shape[0]
             seqs = out.seqs
             self._prev_slot_of = {seqs[j].request: i for i, j in enumerate(handle.order) if seqs[j].samples_token}
@@ -339,10 +395,32 @@ class ModelRunner:
         t0 = time.perf_counter()
         host_tokens = np.asarray(handle.tokens.addressable_data(0))  # the one device -> host copy of the step
         handle.wait_s = time.perf_counter() - t0
+        if handle.verified:
+            return _verified_tokens(handle, host_tokens)
         result = np.empty(len(handle.order), np.int32)
         result[handle.order] = host_tokens[: len(handle.order)]
         return result
 
+    @property
+    def _program_families(self) -> list[StepPrograms]:
+        return [self.programs] + ([self.verify_programs] if self.verify_programs is not None else [])
+
+    def wait_for_programs(self) -> None:
+        """Until every step program (of every family) is built."""
+        for programs in self._program_families:
+            programs.wait()
+
     def execute(self, out: SchedulerOutput) -> np.ndarray:
         """dispatch + fetch: one step, synchronously."""
         return self.fetch(self.dispatch(out))
+
+
+def _verified_tokens(handle: StepHandle, host_tokens: np.ndarray) -> list:
+    """A speculative step's result per scheduled sequence, in out.seqs order: the list of its accepted drafts and
+    sampled token where it had drafts, else its one sampled token (an int), as Scheduler.update takes them."""
+    seqs = handle.out.seqs
+    result: list = [0] * len(handle.order)
+    for i, j in enumerate(handle.order):
+        row = host_tokens[i]
+        result[j] = row[: row[-1]].tolist() if seqs[j].draft_token_ids else int(row[0])
+    return result

@@ -103,7 +103,10 @@ class ProgramCache:
         entries = []
         for entry in os.scandir(self.directory):
             if entry.name.endswith(".bin"):
-                st = entry.stat()
+                try:
+                    st = entry.stat()
+                except FileNotFoundError:  # another process evicted it between the listing and now
+                    continue
                 entries.append((st.st_mtime, st.st_size, entry.path))
         total = sum(size for _, size, _ in entries)
         for _, size, path in sorted(entries):

@@ -15,6 +15,7 @@ import numpy as np
 
 from cbjax.core.request import PENDING_TOKEN, Request
 from cbjax.core.scheduler_output import SchedulerOutput
+from cbjax.runner.verify_rows import VerifyRows, empty_verify_rows, pack_verify_rows
 
 
 class StepInput(typing.NamedTuple):
@@ -33,6 +34,7 @@ class StepInput(typing.NamedTuple):
     top_p: np.ndarray  # [S] float32
     seeds: np.ndarray  # [S] uint32
     counters: np.ndarray  # [S] int32: index of the token each slot samples
+    verify: VerifyRows | None = None  # speculative decoding: the rows whose logits verify drafts (verify_rows.py)
 
 
 def token_buckets(lo: int, hi: int) -> list[int]:
@@ -53,16 +55,27 @@ class BucketTable:
     max_num_seqs: int
     page_size: int
     pages_per_seq: int  # W
+    max_draft_tokens: int = 0  # K: speculative decoding verifies up to K drafts per sequence (0: off)
 
     @classmethod
     def build(
-        cls, max_num_batched_tokens: int, max_model_len: int, page_size: int, max_num_seqs: int, min_tokens: int = 16
+        cls,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        page_size: int,
+        max_num_seqs: int,
+        min_tokens: int = 16,
+        max_draft_tokens: int = 0,
     ) -> "BucketTable":
         tokens = token_buckets(min(min_tokens, max_num_batched_tokens), max_num_batched_tokens)
-        return cls(tuple(tokens), max_num_seqs, page_size, -(-max_model_len // page_size))
+        return cls(tuple(tokens), max_num_seqs, page_size, -(-max_model_len // page_size), max_draft_tokens)
 
     def slots(self, T: int) -> int:
         return min(T, self.max_num_seqs)
+
+    def verify_rows(self, T: int) -> int:
+        """R: sample rows of a speculative step of bucket T (each is a distinct token, so never more than T)."""
+        return min(T, self.slots(T) * (self.max_draft_tokens + 1))
 
     def token_bucket(self, n: int) -> int:
         for b in self.token_buckets:
@@ -71,8 +84,9 @@ class BucketTable:
         raise ValueError(f"{n} tokens exceed the largest token bucket {self.token_buckets[-1]}")
 
 
-def empty_step_input(T: int, S: int, W: int, pad_page: int, page_size: int) -> StepInput:
-    """All-padding input of the given shape (also the base that pack_step fills in)."""
+def empty_step_input(T: int, S: int, W: int, pad_page: int, page_size: int, num_verify_rows: int = 0) -> StepInput:
+    """All-padding input of the given shape (also the base that pack_step fills in); with num_verify_rows > 0,
+    the verify rows of a speculative step too."""
     return StepInput(
         token_ids=np.zeros(T, np.int32),
         token_src=np.full(T, -1, np.int32),
@@ -88,11 +102,16 @@ def empty_step_input(T: int, S: int, W: int, pad_page: int, page_size: int) -> S
         top_p=np.ones(S, np.float32),
         seeds=np.zeros(S, np.uint32),
         counters=np.zeros(S, np.int32),
+        verify=empty_verify_rows(num_verify_rows, S) if num_verify_rows else None,
     )
 
 
 def pack_step(
-    out: SchedulerOutput, buckets: BucketTable, pad_page: int, prev_slot_of: Mapping[Request, int]
+    out: SchedulerOutput,
+    buckets: BucketTable,
+    pad_page: int,
+    prev_slot_of: Mapping[Request, int],
+    verify: bool = False,
 ) -> tuple[StepInput, list[int]]:
     """Lay the scheduled sequences out as one flat padded batch, decodes first (the attention's decode loop then
     visits only the leading slots). Returns the input and `order`: slot i holds out.seqs[order[i]].
@@ -108,23 +127,26 @@ def pack_step(
     order = [i for i in range(n) if seqs[i].num_new_tokens == 1] + [i for i in range(n) if seqs[i].num_new_tokens > 1]
     T = buckets.token_bucket(out.num_batched_tokens)
     inp = empty_step_input(T, buckets.slots(T), buckets.pages_per_seq, pad_page, G)
+    drafts = [len(seqs[j].draft_token_ids) for j in order]
     tokens: list[int] = []
     starts, lens, pending, params, counters, pages, num_pages, dropped = [], [], [], [], [], [], [], []
-    for j in order:
+    for j, d in zip(order, drafts):
         s = seqs[j]
         r = s.request
         c, k = s.num_computed_tokens, s.num_new_tokens
-        tokens += r.all_token_ids[c : c + k]
+        tokens += r.all_token_ids[c : c + k - d]
         if tokens[-1] == PENDING_TOKEN:  # only ever a decode's input
             tokens[-1] = 0
             pending.append((len(tokens) - 1, prev_slot_of[r]))
+        if d:
+            tokens += s.draft_token_ids
         starts.append(c)
         lens.append(k)
         pages += r.pages
         num_pages.append(len(r.pages))
         dropped.append(r.num_dropped_pages)
         params.append(r.params)
-        counters.append((r.seed, c + k - r.num_prompt_tokens))  # the index of the output this slot samples
+        counters.append((r.seed, c + k - d - r.num_prompt_tokens))  # the index of the output this slot samples
     total = len(tokens)
     q_lens = np.asarray(lens, np.int32)
     cu = np.cumsum(q_lens, dtype=np.int32)
@@ -150,4 +172,7 @@ def pack_step(
     inp.top_p[:n] = [p.top_p for p in params]
     if n:
         inp.seeds[:n], inp.counters[:n] = zip(*counters)
+    if verify:  # a speculative step (verify_rows.py)
+        verify = pack_verify_rows(buckets.verify_rows(T), buckets.slots(T), cu, drafts, inp.counters[:n], inp.token_ids)
+        inp = inp._replace(verify=verify)
     return inp, order

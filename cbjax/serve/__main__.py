@@ -32,6 +32,10 @@ _SHUTDOWN = flags.DEFINE_float(
 _LOG_LEVEL = flags.DEFINE_enum("log_level", "info", ["debug", "info", "warning", "error"], "server log level")
 
 
+# Engine options that are dicts: their flags take JSON.
+_JSON_OPTIONS = {"policy_options": "policy options", "speculative_config": "speculative decoding"}
+
+
 def _define_engine_flags() -> dict[str, flags.FlagHolder]:
     """One flag per EngineConfig field, default None (= the engine's default, named in the help)."""
     holders = {}
@@ -39,8 +43,8 @@ def _define_engine_flags() -> dict[str, flags.FlagHolder]:
         help = f"engine option (default {f.default!r}; cbjax/engine_config.py:EngineConfig)"
         args = typing.get_args(f.type) if isinstance(f.type, types.UnionType) else (f.type,)
         kinds = {a for a in args if a is not type(None)}
-        if f.name == "policy_options":
-            holders[f.name] = flags.DEFINE_string(f.name, None, "policy options as a JSON object; " + help)
+        if f.name in _JSON_OPTIONS:
+            holders[f.name] = flags.DEFINE_string(f.name, None, f"{_JSON_OPTIONS[f.name]} as a JSON object; " + help)
         elif kinds == {bool}:
             holders[f.name] = flags.DEFINE_bool(f.name, None, help)
         elif kinds == {int}:
@@ -58,8 +62,9 @@ _ENGINE_FLAGS = _define_engine_flags()
 def engine_options() -> dict:
     """The engine flags that were set, as LLMEngine keywords."""
     opts = {name: h.value for name, h in _ENGINE_FLAGS.items() if h.value is not None}
-    if "policy_options" in opts:
-        opts["policy_options"] = json.loads(opts["policy_options"])
+    for name in _JSON_OPTIONS:
+        if name in opts:
+            opts[name] = json.loads(opts[name])
     return opts
 
 

@@ -1,0 +1,125 @@
+"""SpeculativeConfig: the `speculative_config` engine option (vLLM-shaped), checked before anything is built.
+
+  LLM(..., speculative_config={"method": "ngram", "num_speculative_tokens": 4,
+                               "prompt_lookup_min": 2, "prompt_lookup_max": 4})
+
+`num_speculative_tokens` is the most draft tokens a sequence verifies per step; `draft_length` picks how many of
+them a step actually uses (cbjax/core/draft_length.py): a fixed k, a table by batch size, or "measured" (the k that
+maximises expected accepted tokens per second from the engine's own step timings).
+"""
+
+import dataclasses
+from collections.abc import Mapping
+
+from cbjax.core import validation as check
+
+METHODS = ("ngram", "draft")
+DRAFT_LENGTH_RULES = ("fixed", "batch_size", "measured")
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeConfig:
+    method: str = "ngram"  # ngram: prompt lookup on the host | draft: a small draft model (not implemented yet)
+    num_speculative_tokens: int = 4  # k: the most draft tokens per sequence and step
+    prompt_lookup_min: int = 2  # ngram: the shortest suffix n-gram matched against the context
+    prompt_lookup_max: int = 4  # ngram: the longest (tried first)
+    draft_model: str | None = None  # draft: the draft model's name or checkpoint (same tokenizer as the target)
+    # How many drafts a step uses: "fixed" (always k), "batch_size" (draft_length_table by running sequences),
+    # "measured" (from acceptance and step timings measured during the run).
+    draft_length: str = "fixed"
+    # batch_size rule: {"1-8": 4, "9-32": 2, "33-": 0}: running sequences -> drafts (each value <= k).
+    draft_length_table: tuple[tuple[int, int | None, int], ...] | None = None
+
+    def __post_init__(self):
+        method = check.choice("speculative_config.method", self.method, METHODS)
+        k = check.integer("speculative_config.num_speculative_tokens", self.num_speculative_tokens, 1, 64)
+        lo = check.integer("speculative_config.prompt_lookup_min", self.prompt_lookup_min, 1)
+        hi = check.integer("speculative_config.prompt_lookup_max", self.prompt_lookup_max, 1)
+        if lo > hi:
+            raise ValueError(f"speculative_config: prompt_lookup_min ({lo}) > prompt_lookup_max ({hi})")
+        rule = check.choice("speculative_config.draft_length", self.draft_length, DRAFT_LENGTH_RULES)
+        table = None
+        if rule == "batch_size":
+            if self.draft_length_table is None:
+                raise ValueError("speculative_config.draft_length='batch_size' needs draft_length_table")
+            table = parse_batch_table(self.draft_length_table, k)
+        elif self.draft_length_table is not None:
+            raise ValueError(f"speculative_config.draft_length_table is for draft_length='batch_size', not {rule!r}")
+        draft = self.draft_model
+        if method == "draft":
+            draft = check.text("speculative_config.draft_model", draft)
+            # Honest refusal: the option is recognised and checked, but no draft-model proposer exists yet.
+            raise ValueError(
+                "speculative_config.method='draft' (a draft model) is not implemented yet; use method='ngram'"
+            )
+        if draft is not None:
+            raise ValueError("speculative_config.draft_model is for method='draft'")
+        for name, value in dict(
+            method=method,
+            num_speculative_tokens=k,
+            prompt_lookup_min=lo,
+            prompt_lookup_max=hi,
+            draft_length=rule,
+            draft_length_table=table,
+        ).items():
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def from_option(cls, value) -> "SpeculativeConfig | None":
+        """The engine option: None (off), a SpeculativeConfig, or a dict of its fields (an experiment config's
+        ConfigDict too); a dict whose method is None is off (the experiment configs' default)."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if hasattr(value, "to_dict"):  # ml_collections.ConfigDict
+            value = value.to_dict()
+        options = check.mapping("speculative_config", value)
+        if "method" in options and options["method"] is None:
+            return None
+        unknown = set(options) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"speculative_config: unknown field(s) {sorted(unknown)}")
+        return cls(**options)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        if self.draft_length_table is not None:
+            d["draft_length_table"] = {_range_name(lo, hi): k for lo, hi, k in self.draft_length_table}
+        return d
+
+
+def _range_name(lo: int, hi: int | None) -> str:
+    return f"{lo}-" if hi is None else f"{lo}-{hi}"
+
+
+def parse_batch_table(table, k: int) -> tuple[tuple[int, int | None, int], ...]:
+    """{"1-8": 4, "9-32": 2, "33-": 0} (or its parsed tuple form) -> ((1, 8, 4), (9, 32, 2), (33, None, 0)),
+    ranges sorted, disjoint and covering every batch size from 1 up."""
+    name = "speculative_config.draft_length_table"
+    if isinstance(table, Mapping):
+        rows = []
+        for key, drafts in table.items():
+            text = check.text(f"{name} key", key)
+            lo_text, dash, hi_text = text.partition("-")
+            try:
+                lo, hi = int(lo_text), (int(hi_text) if hi_text.strip() else None)
+            except ValueError:
+                raise ValueError(f"{name}: key {key!r} is not a range like '1-8' or '33-'") from None
+            if not dash:
+                hi = lo
+            rows.append((lo, hi, drafts))
+    else:
+        rows = [tuple(r) for r in table]
+    rows.sort(key=lambda r: r[0])
+    expected = 1
+    out = []
+    for lo, hi, drafts in rows:
+        drafts = check.integer(f"{name}[{_range_name(lo, hi)}]", drafts, 0, k)
+        if lo != expected or (hi is not None and hi < lo):
+            raise ValueError(f"{name}: ranges must start at 1 and follow each other without gaps or overlaps")
+        out.append((lo, hi, drafts))
+        if hi is None:
+            break
+        expected = hi + 1
+    if not out or out[-1][1] is not None or len(out) != len(rows):
+        raise ValueError(f"{name}: the last range must be open ('33-'), covering every larger batch")
+    return tuple(out)

@@ -46,6 +46,9 @@ def test_int8_kv_greedy_tokens_equal_the_quantized_full_forward(model, workload,
         assert engine.scheduler.num_preemptions > 0, "the small pool was meant to force preemption"
     if options.get("preemption_mode") == "swap":
         assert engine.scheduler.num_swapped_in_pages > 0
+    if "speculative_config" in options:  # drafts were verified against int8 pages, some accepted
+        assert sum(s["spec_draft_tokens"] for s in engine.step_records) > 0
+        assert sum(s["spec_accepted_tokens"] for s in engine.step_records) > 0
 
 
 def test_int8_kv_differs_from_float_somewhere(model, workload):

@@ -2,11 +2,29 @@
 
 import heapq
 import inspect
-from collections.abc import Mapping, Sequence
+import itertools
+import math
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from cbjax.core import validation as check
-from cbjax.core.policy import Policy, by_admission, by_arrival, fcfs_order
+from cbjax.core.policy import Policy, Ranking, by_admission, fcfs_order, merge_by_key
 from cbjax.core.request import Request, RequestStatus
+
+
+def arrival_key(req: Request) -> tuple:
+    """Arrival order: the waiting_key of the policies that admit in arrival order."""
+    return (req.arrival_order,)
+
+
+def running_first(running: list[Request], waiting: Iterable[Request]) -> Ranking:
+    """The running requests (in the order given), then the waiting ones."""
+    return Ranking(itertools.chain(running, waiting), running)
+
+
+def waiting_first(running: list[Request], waiting: Iterable[Request]) -> Ranking:
+    """The waiting requests, then the running ones (in the order given)."""
+    return Ranking(itertools.chain(waiting, running), running)
 
 
 class FCFSPolicy(Policy):
@@ -15,8 +33,11 @@ class FCFSPolicy(Policy):
 
     name = "fcfs"
 
-    def rank(self, running, waiting, now):
-        return fcfs_order(running, waiting)
+    def waiting_key(self, req):
+        return arrival_key(req)
+
+    def rank_sorted(self, running, waiting, now):
+        return running_first(by_admission(running), waiting.requests)
 
 
 class StaticPolicy(FCFSPolicy):
@@ -55,8 +76,11 @@ class PrefillFirstPolicy(Policy):
     name = "prefill_first"
     chunked_prefill = False
 
-    def rank(self, running, waiting, now):
-        return by_arrival(waiting) + by_admission(running)
+    def waiting_key(self, req):
+        return arrival_key(req)
+
+    def rank_sorted(self, running, waiting, now):
+        return waiting_first(by_admission(running), waiting.requests)
 
 
 class SarathiPolicy(Policy):
@@ -71,11 +95,14 @@ class SarathiPolicy(Policy):
         super().__init__(victim, reserve_to_completion)
         self.chunk_size = check.optional_integer("sarathi chunk_size", chunk_size, 1)
 
-    def rank(self, running, waiting, now):
+    def waiting_key(self, req):
+        return arrival_key(req)
+
+    def rank_sorted(self, running, waiting, now):
         running = by_admission(running)
         decodes = [r for r in running if r.num_uncomputed_tokens <= 1]
         prefills = [r for r in running if r.num_uncomputed_tokens > 1]
-        return decodes + prefills + by_arrival(waiting)
+        return running_first(decodes + prefills, waiting.requests)
 
 
 class PriorityPolicy(Policy):
@@ -117,11 +144,13 @@ class ThreeLevelPolicy(Policy):
     def demoted(self, req: Request) -> bool:
         return len(req.output_token_ids) > self.demote_after
 
-    def rank(self, running, waiting, now):
+    def waiting_key(self, req):
+        return arrival_key(req)
+
+    def rank_sorted(self, running, waiting, now):
         running = by_admission(running)
-        return (
-            by_arrival(waiting) + [r for r in running if not self.demoted(r)] + [r for r in running if self.demoted(r)]
-        )
+        kept = [r for r in running if not self.demoted(r)]
+        return waiting_first(kept + [r for r in running if self.demoted(r)], waiting.requests)
 
     def victims(self, requester, lower):
         if requester.status is RequestStatus.RUNNING:
@@ -136,8 +165,11 @@ class SJFPolicy(Policy):
 
     name = "sjf"
 
-    def rank(self, running, waiting, now):
-        return by_admission(running) + sorted(waiting, key=lambda r: (r.num_prompt_tokens, r.arrival_order))
+    def waiting_key(self, req):
+        return (req.num_prompt_tokens, req.arrival_order)
+
+    def rank_sorted(self, running, waiting, now):
+        return running_first(by_admission(running), waiting.requests)
 
 
 class SRPTOraclePolicy(Policy):
@@ -154,8 +186,12 @@ class SRPTOraclePolicy(Policy):
         prompt_left = max(0, req.num_prompt_tokens - req.num_computed_tokens)
         return prompt_left + req.num_remaining_output_tokens
 
-    def rank(self, running, waiting, now):
-        return sorted([*running, *waiting], key=lambda r: (self.remaining(r), r.arrival_order))
+    def waiting_key(self, req):
+        # Fixed while it waits: a waiting request computes and generates nothing.
+        return (self.remaining(req), req.arrival_order)
+
+    def rank_sorted(self, running, waiting, now):
+        return merge_by_key(running, waiting, self.waiting_key)
 
 
 class MLFQPolicy(Policy):
@@ -179,6 +215,11 @@ class MLFQPolicy(Policy):
         self.num_levels = check.integer("mlfq num_levels", num_levels, 1, 32)
         self.quantum = check.integer("mlfq quantum", quantum, 1)
         self.starvation_s = check.optional_real("mlfq starvation_s (None: off)", starvation_s, 0.0, low_open=True)
+        # The fast path's starvation check: (last_scheduled_time, n, request) of every arrival and scheduling,
+        # oldest first, so a step looks only at the requests that may have starved since the last one.
+        self._since: list[tuple[float, int, Request]] = []
+        self._pushes = itertools.count()
+        self._starved_running: list[Request] = []  # starved while running: reset if they wait, unscheduled
 
     def quantum_of(self, level: int) -> int:
         return self.quantum << level
@@ -188,6 +229,7 @@ class MLFQPolicy(Policy):
         while level < self.num_levels - 1 and req.num_prompt_tokens > self.quantum_of(level):
             level += 1
         req.policy_state = [level, 0]  # [level, service attained at this level]
+        self._note_scheduled(req)
 
     def on_scheduled(self, req, num_tokens, now):
         state = req.policy_state
@@ -195,13 +237,50 @@ class MLFQPolicy(Policy):
         if state[1] > self.quantum_of(state[0]) and state[0] < self.num_levels - 1:
             state[0] += 1
             state[1] = 0
+        self._note_scheduled(req)
+
+    def _note_scheduled(self, req: Request) -> None:
+        if self.starvation_s is not None:
+            heapq.heappush(self._since, (req.last_scheduled_time, next(self._pushes), req))
+
+    def _starved(self, req: Request, now: float) -> bool:
+        return now - req.last_scheduled_time > self.starvation_s
 
     def rank(self, running, waiting, now):
         if self.starvation_s is not None:
             for r in waiting:
-                if now - r.last_scheduled_time > self.starvation_s:
+                if self._starved(r, now):
                     r.policy_state[:] = [0, 0]
         return sorted([*running, *waiting], key=lambda r: (r.policy_state[0], r.arrival_order))
+
+    def waiting_key(self, req):
+        return (req.policy_state[0], req.arrival_order)
+
+    def stale_waiting_keys(self, now):
+        """`rank`'s starvation reset, for the fast path: the waiting requests unscheduled for starvation_s return
+        to the top. Only those scheduled (or arrived) longest ago are looked at; returns the ones whose level
+        changed."""
+        if self.starvation_s is None:
+            return []
+        candidates, self._starved_running = self._starved_running, []
+        since = self._since
+        while since and now - since[0][0] > self.starvation_s:
+            candidates.append(heapq.heappop(since)[2])  # stale when scheduled since: _starved() says so below
+        moved, seen = [], set()
+        for req in candidates:
+            if id(req) in seen or req.status is RequestStatus.FINISHED or not self._starved(req, now):
+                continue
+            seen.add(id(req))
+            if req.status is RequestStatus.RUNNING:
+                self._starved_running.append(req)  # not waiting now; reset if it waits before it is scheduled
+                continue
+            if req.policy_state[0] != 0:
+                moved.append(req)
+            req.policy_state[:] = [0, 0]
+        return moved
+
+    def rank_sorted(self, running, waiting, now):
+        return merge_by_key(running, waiting, self.waiting_key)
 
 
 class FairSharePolicy(Policy):
@@ -248,24 +327,32 @@ class FairSharePolicy(Policy):
             cost += self.output_weight
         self.counters[req.tenant] = self.counters.get(req.tenant, 0.0) + cost / self._weight(req.tenant)
 
-    def rank(self, running, waiting, now):
-        # Interleave the tenants' queues as admission would move their counters: each pick charges its prompt.
-        queues: dict[str, list[Request]] = {}
-        for r in by_arrival(waiting):
-            queues.setdefault(r.tenant, []).append(r)
-        heap = [(self.counters.get(t, 0.0), q[0].arrival_order, t) for t, q in queues.items()]
+    def waiting_key(self, req):
+        return (req.tenant, req.arrival_order)  # each tenant's queue in arrival order, one run after another
+
+    def rank_sorted(self, running, waiting, now):
+        reqs, keys = waiting
+        heap, i = [], 0
+        while i < len(reqs):  # one entry per tenant: its counter now and the head of its run
+            tenant = keys[i][0][0]
+            end = bisect_left(keys, ((tenant, math.inf),), i)
+            heap.append((self.counters.get(tenant, 0.0), reqs[i].arrival_order, tenant, i, end))
+            i = end
         heapq.heapify(heap)
-        order, pos = [], dict.fromkeys(queues, 0)
-        while heap:
-            c, _, t = heapq.heappop(heap)
-            q = queues[t]
-            r = q[pos[t]]
-            order.append(r)
-            pos[t] += 1
-            if pos[t] < len(q):
-                c += r.num_prompt_tokens * self.input_weight / self._weight(t)
-                heapq.heappush(heap, (c, q[pos[t]].arrival_order, t))
-        return by_admission(running) + order
+        return running_first(by_admission(running), _interleaved(self, reqs, heap))
+
+
+def _interleaved(policy: FairSharePolicy, reqs: list[Request], heap: list) -> Iterator[Request]:
+    """fair_share's waiting order, lazily: the tenants' runs of the sorted queue merged by counter, each pick
+    charging its prompt. `heap` holds the counters read when the step was ranked, as `rank` reads them."""
+    while heap:
+        c, _, t, pos, end = heapq.heappop(heap)
+        r = reqs[pos]
+        yield r
+        pos += 1
+        if pos < end:
+            c += r.num_prompt_tokens * policy.input_weight / policy._weight(t)
+            heapq.heappush(heap, (c, reqs[pos].arrival_order, t, pos, end))
 
 
 class EDFPolicy(Policy):
@@ -297,8 +384,11 @@ class EDFPolicy(Policy):
             return req.deadline
         return req.metrics.arrival_time + self.class_slack_s.get(req.priority, self.default_slack_s)
 
-    def rank(self, running, waiting, now):
-        return sorted([*running, *waiting], key=lambda r: (self.deadline(r), r.arrival_order))
+    def waiting_key(self, req):
+        return (self.deadline(req), req.arrival_order)
+
+    def rank_sorted(self, running, waiting, now):
+        return merge_by_key(running, waiting, self.waiting_key)
 
 
 def _priority_key(key) -> int:

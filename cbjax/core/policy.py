@@ -18,6 +18,17 @@ The Scheduler does the bookkeeping (token budget, slots, pages, swaps, state cha
   next_event_time(running, waiting)  when the policy will admit although nothing changes (a static timeout);
                                   the online loop sleeps until then.
 
+A fast path for long queues (optional; every built-in policy takes it, a custom policy need not):
+
+  waiting_key(req)                a sort key of a waiting request, fixed while it waits. With one, the scheduler
+                                  keeps its waiting queue in this order (ties in the order they joined the queue)
+                                  and calls `rank_sorted` instead of `rank`.
+  rank_sorted(running, waiting, now)  the same order as `rank`, given the waiting requests already sorted
+                                  (`SortedWaiting`); returns a `Ranking`: the order (may be lazy: the scheduler
+                                  stops early) and the running requests in that order.
+  stale_waiting_keys(now)         waiting requests whose key the policy changed since they queued (mlfq's
+                                  starvation reset); the scheduler re-sorts them before `rank_sorted`.
+
 A policy reads the scheduler's state through `self.view`, a read-only `SchedulerView` the Scheduler attaches
 when it is built: the queues and the prefix cache's contents, never the means to change them.
 
@@ -26,8 +37,9 @@ in policies.py; register a policy in `POLICIES` there to make it reachable by na
 `LLM(policy=...)` and the experiment configs. Priorities follow vLLM: a lower `priority` value is more important.
 """
 
-from collections.abc import Iterable, Sequence
-from typing import Protocol
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, NamedTuple, Protocol
 
 from cbjax.core import validation as check
 from cbjax.core.request import Request, RequestStatus
@@ -46,6 +58,47 @@ def by_arrival(reqs: Iterable[Request]) -> list[Request]:
 def fcfs_order(running: Iterable[Request], waiting: Iterable[Request]) -> list[Request]:
     """Running requests in admission order, then waiting ones in arrival order (continuous FCFS)."""
     return by_admission(running) + by_arrival(waiting)
+
+
+class SortedWaiting(NamedTuple):
+    """The waiting requests sorted by the policy's `waiting_key`, ties in joining order; `keys[i]` is
+    `(waiting_key(requests[i]), seq)`. A snapshot: it does not change while the scheduler walks the ranking."""
+
+    requests: list[Request]
+    keys: list[tuple]
+
+    @classmethod
+    def of(cls, waiting: Iterable[Request], key: Callable[[Request], Any]) -> "SortedWaiting":
+        """Sort `waiting` (in joining order) by `key`, as the scheduler's queue would hold it."""
+        keyed = sorted(((key(r), seq), r) for seq, r in enumerate(waiting))
+        return cls([r for _, r in keyed], [k for k, _ in keyed])
+
+
+class Ranking(NamedTuple):
+    """A step's order (`order`, possibly lazy) and the running requests in that same order (`running`)."""
+
+    order: Iterable[Request]
+    running: list[Request]
+
+
+def merge_by_key(running: Iterable[Request], waiting: SortedWaiting, key: Callable[[Request], Any]) -> Ranking:
+    """The order of a stable `sorted([*running, *waiting], key=key)`, lazily, for `waiting` already sorted by the
+    same key: a running request goes before waiting ones of an equal key, as in the stable sort."""
+    ranked = sorted(running, key=key)
+    return Ranking(_merged(ranked, [key(r) for r in ranked], waiting), ranked)
+
+
+def _merged(ranked: list[Request], keys: list, waiting: SortedWaiting) -> Iterator[Request]:
+    reqs, wkeys = waiting
+    i = 0
+    for k, r in zip(keys, ranked):
+        j = bisect_left(wkeys, (k,), i)  # (k,) sorts before every (k, seq): the first waiting key >= k
+        for t in range(i, j):
+            yield reqs[t]
+        yield r
+        i = j
+    for t in range(i, len(reqs)):
+        yield reqs[t]
 
 
 # ---- victim choice: among the running requests a requester may preempt, which goes first -----------------------
@@ -92,6 +145,8 @@ class Policy:
     reserve_to_completion = False
     # A waiting request may preempt lower-ranked running ones (for pages or for a slot).
     preempts_for_admission = False
+    # The fast path (see the module docstring): a method `waiting_key(req)`, or None for `rank` every step.
+    waiting_key: Callable[[Request], Any] | None = None
 
     def __init__(self, victim: str = "rank", reserve_to_completion: bool | None = None):
         self.victim = check.choice("victim", victim, VICTIMS)
@@ -105,7 +160,16 @@ class Policy:
 
     # ---- hooks ------------------------------------------------------------------------------------------------
     def rank(self, running: Sequence[Request], waiting: Sequence[Request], now: float) -> list[Request]:
-        raise NotImplementedError(f"{type(self).__name__} must implement rank()")
+        if self.waiting_key is None:
+            raise NotImplementedError(f"{type(self).__name__} must implement rank()")
+        return list(self.rank_sorted(running, SortedWaiting.of(waiting, self.waiting_key), now).order)
+
+    def rank_sorted(self, running: Sequence[Request], waiting: SortedWaiting, now: float) -> Ranking:
+        """`rank` with the waiting requests already sorted by `waiting_key` (only called when there is one)."""
+        raise NotImplementedError(f"{type(self).__name__} has a waiting_key but no rank_sorted()")
+
+    def stale_waiting_keys(self, now: float) -> Iterable[Request]:
+        return ()
 
     def may_admit(self, running: Sequence[Request], waiting: Sequence[Request], now: float) -> bool:
         return True

@@ -7,15 +7,17 @@ new token. Finished sequences leave at `update`, so their slot and pages serve t
 """
 
 import dataclasses
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterator, Sequence
 
 from cbjax.core.clock import Clock
 from cbjax.core.page_pool import PagePool, chain_hashes
 from cbjax.core.policies import make_policy
-from cbjax.core.policy import Policy
+from cbjax.core.policy import Policy, Ranking, SortedWaiting
 from cbjax.core.request import FinishReason, Request, RequestStatus
 from cbjax.core.scheduler_config import SchedulerConfig, pages_for
 from cbjax.core.scheduler_output import ScheduledSeq, SchedulerOutput
+from cbjax.core.waiting_queue import WaitingQueue
 
 __all__ = ["ReadOnlyScheduler", "Scheduler", "SchedulerConfig", "pages_for"]
 
@@ -47,6 +49,25 @@ class _Step:
     host_frees: list[int] = dataclasses.field(default_factory=list)  # host pages read by swap-ins: free after
 
 
+def _visits(ranking: Ranking, step: _Step) -> Iterator[tuple[Request, int]]:
+    """The requests of the ranking a step must look at, in order, each with where the running requests ranked below
+    it start in `ranking.running`. Once no more waiting requests may join the step (`may_admit` only ever turns
+    off), every waiting request after that is skipped: the walk jumps to the running ones left instead of
+    stepping through a long queue."""
+    running = ranking.running
+    i = 0
+    for req in ranking.order:
+        if i < len(running) and running[i] is req:
+            i += 1
+        elif not step.may_admit:
+            break
+        yield req, i
+    else:
+        return
+    for j in range(i, len(running)):
+        yield running[j], j + 1
+
+
 class Scheduler:
     """Walks the policy's ranking each step, giving each request its next chunk while the token budget and the
     slots last; preempts (by recompute or swap) when pages run out; admits waiting requests with prefix-cache hits.
@@ -67,7 +88,8 @@ class Scheduler:
         self._window = config.sliding_window if config.evict_outside_window else None
         swap = config.preemption_mode == "swap" and config.num_host_pages > 0
         self.host_pool = PagePool(config.num_host_pages) if swap else None
-        self.waiting: list[Request] = []
+        # In the policy's order when it has a waiting_key (the fast path), else in the order requests joined it.
+        self.waiting = WaitingQueue(self.policy.waiting_key)
         self.running: list[Request] = []  # in admission order
         self._num_admissions = 0
         self.num_preemptions = 0
@@ -100,7 +122,7 @@ class Scheduler:
 
     def next_event_time(self) -> float | None:
         """When the policy will admit although no request arrives or finishes (a static batch's timeout)."""
-        return self.policy.next_event_time(self.running, self.waiting)
+        return self.policy.next_event_time(self.running, self.waiting.requests)
 
     def cached_prefix_tokens(self, req: Request) -> int:
         """Tokens of the request's context a fresh admission would find in the prefix cache."""
@@ -117,12 +139,12 @@ class Scheduler:
         step = _Step(
             SchedulerOutput([], 0, [], now),
             self.config.max_num_batched_tokens,
-            may_admit=self.policy.may_admit(self.running, self.waiting, now),
+            may_admit=self.policy.may_admit(self.running, self.waiting.requests, now),
         )
         if self.policy.admits_whole_batch:
             self._admit_batch(step)
-        ranking = self.policy.rank(self.running, self.waiting, now)
-        for idx, req in enumerate(ranking):
+        ranking = self._rank(self.running, now)
+        for req, lower in _visits(ranking, step):
             if step.budget <= 0:
                 break
             waiting = req.status is not RequestStatus.RUNNING
@@ -133,7 +155,7 @@ class Scheduler:
                 # An unsplittable prompt waits for a step with room; later requests do not jump ahead of it.
                 step.may_admit &= not waiting
                 continue
-            place = self._make_room(req, place, ranking[idx + 1 :], step)
+            place = self._make_room(req, place, ranking.running, lower, step)
             if place is not None:
                 self._commit(req, place, step)
         if self.host_pool is not None:
@@ -141,20 +163,37 @@ class Scheduler:
         step.out.num_batched_tokens = self.config.max_num_batched_tokens - step.budget
         return step.out
 
+    def _rank(self, running: list[Request], now: float, *, with_running: bool = True) -> Ranking:
+        """The policy's order of `running` and the waiting requests: from the sorted queue (fast path) or from
+        `rank` (then the running requests' order is read off the ranking unless `with_running` is False)."""
+        policy = self.policy
+        if self.waiting.sorted:
+            for req in policy.stale_waiting_keys(now):
+                self.waiting.rekey(req)
+            return policy.rank_sorted(running, SortedWaiting(*self.waiting.snapshot()), now)
+        order = policy.rank(running, self.waiting.snapshot()[0], now)
+        return Ranking(order, [r for r in order if r.status is RequestStatus.RUNNING] if with_running else [])
+
     def _admit_batch(self, step: _Step) -> None:
         """Static batching: move a whole batch into the running set, then admit nothing else this step."""
         if step.may_admit:
             free_slots = self.config.max_num_seqs - len(self.running)
-            for req in self.policy.rank([], self.waiting, step.out.time)[:free_slots]:
+            order = self._rank([], step.out.time, with_running=False).order
+            batch = itertools.islice(order, free_slots) if free_slots >= 0 else list(order)[:free_slots]
+            for req in list(batch):
                 self._admit(req)
         step.may_admit = False
 
     def _make_room(
-        self, req: Request, place: _Placement, lower_ranked: list[Request], step: _Step
+        self, req: Request, place: _Placement, ranked_running: list[Request], lower: int, step: _Step
     ) -> _Placement | None:
-        """A slot and pages for `req`, preempting requests ranked below it as the policy allows. Returns the
-        placement to commit (counted again after any preemption), or None when there is no room this step."""
+        """A slot and pages for `req`, preempting requests ranked below it (`ranked_running[lower:]`) as the policy
+        allows. Returns the placement to commit (counted again after any preemption), or None when there is no
+        room this step."""
         waiting = req.status is not RequestStatus.RUNNING
+        if not waiting and place.pages_needed <= self.pool.num_free:
+            return place  # the common case: a running sequence whose pages are there
+        lower_ranked = ranked_running[lower:]
         if waiting and len(self.running) >= self.config.max_num_seqs:
             if not self._preempt_lower(
                 req, lower_ranked, step, need_slot=True, target=self._pages_wanted(place, waiting)
@@ -207,7 +246,7 @@ class Scheduler:
         return place.pages_needed + (self.config.watermark_pages if waiting and self.running else 0)
 
     def _num_new_tokens(self, req: Request, computed: int, budget: int) -> int:
-        left = req.num_tokens - computed
+        left = len(req.all_token_ids) - computed
         cap = budget if self.policy.chunk_size is None else min(budget, self.policy.chunk_size)
         n = min(left, cap)
         chunked = self.policy.chunked_prefill
@@ -221,9 +260,14 @@ class Scheduler:
     def _placement(self, req: Request, budget: int) -> _Placement | None:
         G = self.config.page_size
         hits: list[int] = []
-        if req.pages:  # running: extend
-            computed, have = req.num_computed_tokens, req.num_dropped_pages + len(req.pages)
-        elif req.host_pages:  # swapped out: its pages come back from host
+        if req.pages:  # running: extend (nothing to look up, revive or swap in)
+            computed = req.num_computed_tokens
+            n = self._num_new_tokens(req, computed, budget)
+            if n == 0:
+                return None
+            new_pages = (computed + n + G - 1) // G - req.num_dropped_pages - len(req.pages)  # pages_for - have
+            return _Placement(computed, n, hits, new_pages if new_pages > 0 else 0, 0, 0)
+        if req.host_pages:  # swapped out: its pages come back from host
             computed, have = req.num_computed_tokens, req.num_dropped_pages + len(req.host_pages)
         else:  # fresh, recomputing, or admitted in a static batch and not started: the prefix cache may help
             hits = self._lookup(req)
@@ -267,7 +311,8 @@ class Scheduler:
             req.pages = list(place.hits)
             req.num_registered_pages = len(place.hits)
             req.num_computed_tokens = place.num_computed_tokens
-        req.pages.extend(pool.allocate(place.num_new_pages, self.policy.choose_eviction))
+        if place.num_new_pages:
+            req.pages.extend(pool.allocate(place.num_new_pages, self.policy.choose_eviction))
 
     def _admit(self, req: Request) -> None:
         self.waiting.remove(req)

@@ -422,6 +422,56 @@ class LPMPolicy(Policy):
 
         return by_admission(running) + sorted(waiting, key=lambda r: (-score(r), r.arrival_order))
 
+    # The fast path. A request's score is at most its context length - 1 (the most the cache can hold of it) plus
+    # its aging, so the queue is kept in the order of that bound: a step scores requests in that order only until
+    # the best scored one beats every bound left. It scores at ranking time (admissions during the walk evict cached
+    # pages) the most the walk can visit: max_num_seqs + 1 requests, plus any preempted ones with a pending token
+    # (the walk may skip those); the rest is scored only if read.
+    def waiting_key(self, req):
+        bound = (len(req.all_token_ids) - 1) - self.aging_tokens_per_s * req.metrics.arrival_time
+        return (-bound, req.arrival_order)
+
+    def rank_sorted(self, running, waiting, now):
+        view = self.view
+        if view is None or not view.prefix_caching:
+            return running_first(by_admission(running), by_arrival_of(waiting))
+        return running_first(by_admission(running), self._by_score(waiting, now))
+
+    def _score(self, req: Request, now: float) -> float:
+        return self.view.cached_prefix_tokens(req) + self.aging_tokens_per_s * (now - req.metrics.arrival_time)
+
+    def _by_score(self, waiting, now: float) -> Iterator[Request]:
+        reqs, keys = waiting
+        aging = self.aging_tokens_per_s
+        wanted = getattr(self.view, "max_num_seqs", None)
+        wanted = len(reqs) if wanted is None else wanted + 1
+        first, scored, i = [], [], 0  # scored: a heap of (-score, arrival_order, seq, request)
+        while len(first) < wanted and (i < len(reqs) or scored):
+            while i < len(reqs):
+                r = reqs[i]
+                bound = (len(r.all_token_ids) - 1) + aging * (now - r.metrics.arrival_time)
+                # The queue's order is the bounds' up to rounding: the margin covers it.
+                if scored and -scored[0][0] > bound + 1e-6 + 1e-9 * abs(bound):
+                    break
+                heapq.heappush(scored, (-self._score(r, now), r.arrival_order, keys[i][1], r))
+                i += 1
+            r = heapq.heappop(scored)[3]
+            first.append(r)
+            if r.num_pending_tokens:
+                wanted += 1
+        return itertools.chain(first, self._rest(scored, reqs[i:], keys[i:], now))
+
+    def _rest(self, scored: list, reqs: list[Request], keys: list[tuple], now: float) -> Iterator[Request]:
+        rest = scored + [(-self._score(r, now), r.arrival_order, k[1], r) for r, k in zip(reqs, keys)]
+        rest.sort(key=lambda e: e[:3])
+        for e in rest:
+            yield e[3]
+
+
+def by_arrival_of(waiting) -> list[Request]:
+    """The waiting requests of a SortedWaiting in arrival order (ties in joining order)."""
+    return [r for _, r in sorted(((r.arrival_order, k[1]), r) for r, k in zip(*waiting))]
+
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls

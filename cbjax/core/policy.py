@@ -129,6 +129,9 @@ class SchedulerView(Protocol):
     @property
     def prefix_caching(self) -> bool: ...
 
+    @property
+    def max_num_seqs(self) -> int: ...
+
     def cached_prefix_tokens(self, req: Request) -> int:
         """Tokens of the request's context a fresh admission would find in the prefix cache."""
         ...

@@ -126,7 +126,13 @@ class Scheduler:
 
     def cached_prefix_tokens(self, req: Request) -> int:
         """Tokens of the request's context a fresh admission would find in the prefix cache."""
-        return len(self._lookup(req)) * self.config.page_size
+        if not self.pool.enable_caching:
+            return 0
+        G = self.config.page_size
+        max_pages = (len(req.all_token_ids) - 1) // G  # as _lookup: the last token is always computed
+        if len(req.page_hashes) < max_pages:
+            chain_hashes(req.all_token_ids, G, req.page_hashes, upto=max_pages * G)
+        return self.pool.num_cached(req.page_hashes, max_pages) * G
 
     # ---- one step ---------------------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -221,16 +227,19 @@ class Scheduler:
         budget. Its tokens count as computed from now on, and a token it samples is pending until `update`."""
         if req.status is not RequestStatus.RUNNING:
             self._admit(req)
-        self._place(req, place, step)
-        end = place.num_computed_tokens + place.num_new_tokens
-        samples = end == req.num_tokens
-        step.out.seqs.append(ScheduledSeq(req, place.num_computed_tokens, place.num_new_tokens, samples))
-        step.budget -= place.num_new_tokens
-        now = step.out.time
+        if place.num_new_pages or req.host_pages or not req.pages:  # else a running sequence's pages suffice
+            self._place(req, place, step)
+        computed, n = place.num_computed_tokens, place.num_new_tokens
+        end = computed + n
+        samples = end == len(req.all_token_ids)
+        out = step.out
+        out.seqs.append(ScheduledSeq(req, computed, n, samples))
+        step.budget -= n
+        now = out.time
         if req.metrics.first_scheduled_time is None:
             req.metrics.first_scheduled_time = now
         req.last_scheduled_time = now
-        self.policy.on_scheduled(req, place.num_new_tokens, now)
+        self.policy.on_scheduled(req, n, now)
         req.num_computed_tokens = end
         if samples:
             req.append_pending_token()
@@ -392,7 +401,11 @@ class Scheduler:
                     m.first_token_time = now
                 m.token_times.append(now)
                 changed.append(req)
-            if caching and req.status is RequestStatus.RUNNING:
+            if (
+                caching
+                and req.status is RequestStatus.RUNNING
+                and req.num_computed_tokens // self.config.page_size > req.num_registered_pages
+            ):
                 self._register_full_pages(req)
             if seq.samples_token:
                 reason = self._stop_reason(req, i, eos_token_id)
@@ -464,6 +477,10 @@ class ReadOnlyScheduler:
     @property
     def prefix_caching(self) -> bool:
         return self._scheduler.pool.enable_caching
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self._scheduler.config.max_num_seqs
 
     def cached_prefix_tokens(self, req: Request) -> int:
         return self._scheduler.cached_prefix_tokens(req)

@@ -59,6 +59,18 @@ def _fair_share(p, running, waiting, now):
     return by_admission(running) + order
 
 
+def _lpm(p, running, waiting, now):
+    view = p.view
+    if view is None or not view.prefix_caching:
+        return fcfs_order(running, waiting)
+
+    def score(r):
+        waited = now - r.metrics.arrival_time
+        return view.cached_prefix_tokens(r) + p.aging_tokens_per_s * waited
+
+    return by_admission(running) + sorted(waiting, key=lambda r: (-score(r), r.arrival_order))
+
+
 OLD_RANK = {
     "fcfs": lambda p, running, waiting, now: fcfs_order(running, waiting),
     "static": lambda p, running, waiting, now: fcfs_order(running, waiting),
@@ -72,6 +84,7 @@ OLD_RANK = {
         [*running, *waiting], key=lambda r: (p.remaining(r), r.arrival_order)
     ),
     "mlfq": _mlfq,
+    "lpm": _lpm,
     "fair_share": _fair_share,
     "edf": lambda p, running, waiting, now: sorted(
         [*running, *waiting], key=lambda r: (p.deadline(r), r.arrival_order)
@@ -165,6 +178,8 @@ def fast_path_cases(draw):
         # Steps are 1 ms apart: short starvation limits make the reset (and its re-sorting of the queue) happen.
         options["starvation_s"] = draw(st.sampled_from([None, 0.0015, 0.004, 5.0]))
         options["quantum"] = draw(st.integers(1, 8))
+    if policy == "lpm":
+        options["aging_tokens_per_s"] = draw(st.sampled_from([0.0, 300.0, 5000.0]))
     if policy == "fair_share":
         options["tenant_weights"] = draw(st.sampled_from([None, {"a": 2.0}, {"b": 0.5, "c": 3.0}]))
     config = dataclasses.replace(case.config, policy=policy)

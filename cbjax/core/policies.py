@@ -128,6 +128,48 @@ class PriorityPolicy(Policy):
         # only newcomers are outranked by old requests. Ties (and equal classes) go to the earlier arrival.
         return sorted([*running, *waiting], key=lambda r: (self.effective_priority(r, now), r.arrival_order))
 
+    # The fast path: the queue by class, then arrival time. Within a class the effective priority only grows with
+    # the arrival time, so each class's run is already in order but for requests whose effective priorities come
+    # out equal (the same arrival time, or rounding): those go by arrival order, as in `rank`. The classes' runs and
+    # the running requests are merged lazily by (effective priority, arrival order), running first on a tie.
+    def waiting_key(self, req):
+        if self.aging_s is None:
+            return (req.priority, req.arrival_order)
+        return (req.priority, req.metrics.arrival_time, req.arrival_order)
+
+    def rank_sorted(self, running, waiting, now):
+        if self.aging_s is None:
+            return merge_by_key(running, waiting, self.waiting_key)
+        ranked = sorted(running, key=lambda r: (self.effective_priority(r, now), r.arrival_order))
+        streams = [[((self.effective_priority(r, now), r.arrival_order, 0, i), r) for i, r in enumerate(ranked)]]
+        reqs, keys = waiting
+        i = 0
+        while i < len(reqs):
+            end = bisect_left(keys, ((keys[i][0][0], math.inf),), i)  # the end of this class's run
+            streams.append(self._class_order(reqs, keys, i, end, now))
+            i = end
+        return Ranking((r for _, r in heapq.merge(*streams)), ranked)
+
+    def _class_order(self, reqs: list[Request], keys: list[tuple], i: int, end: int, now: float) -> Iterator:
+        """((effective priority, arrival order, 1, seq), request) of reqs[i:end], one class, in rank order."""
+        eff = self.effective_priority
+        while i < end:
+            e = eff(reqs[i], now)
+            blocks, j = [], i
+            while j < end and eff(reqs[j], now) == e:  # blocks of one arrival time each, all of priority e
+                p, a, _ = keys[j][0]
+                k = bisect_left(keys, ((p, a, math.inf),), j, end)
+                blocks.append(_keyed_block(reqs, keys, e, j, k))
+                j = k
+            yield from blocks[0] if len(blocks) == 1 else heapq.merge(*blocks)
+            i = j
+
+
+def _keyed_block(reqs: list[Request], keys: list[tuple], e: float, start: int, end: int) -> Iterator:
+    """priority's merge entries of reqs[start:end] (one arrival time: already in arrival order), lazily."""
+    for t in range(start, end):
+        yield ((e, reqs[t].arrival_order, 1, keys[t][1]), reqs[t])
+
 
 class ThreeLevelPolicy(Policy):
     """Three levels: new prompts first (chunked), then running sequences FCFS; a sequence that has decoded more

@@ -84,6 +84,9 @@ OLD_RANK = {
         [*running, *waiting], key=lambda r: (p.remaining(r), r.arrival_order)
     ),
     "mlfq": _mlfq,
+    "priority": lambda p, running, waiting, now: sorted(
+        [*running, *waiting], key=lambda r: (p.effective_priority(r, now), r.arrival_order)
+    ),
     "lpm": _lpm,
     "fair_share": _fair_share,
     "edf": lambda p, running, waiting, now: sorted(
@@ -178,6 +181,9 @@ def fast_path_cases(draw):
         # Steps are 1 ms apart: short starvation limits make the reset (and its re-sorting of the queue) happen.
         options["starvation_s"] = draw(st.sampled_from([None, 0.0015, 0.004, 5.0]))
         options["quantum"] = draw(st.integers(1, 8))
+    if policy == "priority":
+        # Aging by a class per step or so: effective priorities of different classes meet (ties, rounding).
+        options["aging_s"] = draw(st.sampled_from([None, 0.001, 0.003, 0.0007, 10.0]))
     if policy == "lpm":
         options["aging_tokens_per_s"] = draw(st.sampled_from([0.0, 300.0, 5000.0]))
     if policy == "fair_share":
@@ -244,3 +250,32 @@ def test_a_step_does_not_walk_a_long_queue():
         out = s.schedule()
         s.update(out, [7] * len(out.seqs), None, 0.0)
         assert len(out.seqs) == 2 and policy.read <= 4  # two running (or admitted), the head that waits, one more
+
+
+def test_priority_ties_go_as_in_rank():
+    """Cases a run hardly ever makes: effective priorities equal by rounding (arrival times one ulp apart, later
+    arrival order first), and equal (priority, arrival order) between a running and a waiting request."""
+    import math
+
+    from cbjax.core.request import RequestStatus
+
+    policy = make_policy("priority", {"aging_s": 1.0})
+    a = 1.0
+    b = math.nextafter(a, 2.0)
+    specs = [  # (id, priority, arrival time, arrival order, running)
+        ("w1", 1, a, 7, False), ("w2", 1, b, 3, False), ("w3", 1, b, 4, False), ("w4", 0, 5.0, 9, False),
+        ("r1", 1, a, 7, True), ("r2", 0, 5.0, 9, True), ("w5", 2, 0.0, 1, False),
+    ]  # fmt: skip
+    reqs = []
+    for rid, prio, t, order, running in specs:
+        r = Request(rid, [1, 2], SamplingParams(max_tokens=1), t, 0, order, priority=prio)
+        r.status = RequestStatus.RUNNING if running else RequestStatus.WAITING
+        reqs.append(r)
+    running = [r for r in reqs if r.status is RequestStatus.RUNNING]
+    waiting = [r for r in reqs if r.status is not RequestStatus.RUNNING]
+    now = 1e6  # now - a and now - b round to the same number
+    assert policy.effective_priority(reqs[0], now) == policy.effective_priority(reqs[1], now)
+    want = [r.request_id for r in OLD_RANK["priority"](policy, running, waiting, now)]
+    got = policy.rank_sorted(running, SortedWaiting.of(waiting, policy.waiting_key), now)
+    assert [r.request_id for r in got.order] == want
+    assert want.index("w2") < want.index("w1") and want.index("r1") < want.index("w1")

@@ -150,11 +150,16 @@ class Scheduler:
         if self.policy.admits_whole_batch:
             self._admit_batch(step)
         ranking = self._rank(self.running, now)
+        preempted = step.preempted
         for req, lower in _visits(ranking, step):
             if step.budget <= 0:
                 break
             waiting = req.status is not RequestStatus.RUNNING
-            if id(req) in step.preempted or (waiting and not step.may_admit) or self._finishes_pending(req):
+            if (
+                id(req) in preempted
+                or (waiting and not step.may_admit)
+                or (req.num_pending_tokens > 0 and self._finishes_pending(req))
+            ):
                 continue
             place = self._placement(req, step.budget)
             if place is None:
@@ -256,14 +261,18 @@ class Scheduler:
 
     def _num_new_tokens(self, req: Request, computed: int, budget: int) -> int:
         left = len(req.all_token_ids) - computed
-        cap = budget if self.policy.chunk_size is None else min(budget, self.policy.chunk_size)
-        n = min(left, cap)
-        chunked = self.policy.chunked_prefill
-        if chunked is None:
-            chunked = self.config.enable_chunked_prefill
-        # Without chunking a context waits for a step with room for all of it, unless no step could ever hold it.
-        if n < left and not chunked and left <= self.config.max_num_batched_tokens:
-            return 0
+        chunk_size = self.policy.chunk_size
+        n = left if left <= budget else budget
+        if chunk_size is not None and n > chunk_size:
+            n = chunk_size
+        if n < left:
+            chunked = self.policy.chunked_prefill
+            if chunked is None:
+                chunked = self.config.enable_chunked_prefill
+            # Without chunking a context waits for a step with room for all of it, unless no step could ever hold
+            # it.
+            if not chunked and left <= self.config.max_num_batched_tokens:
+                return 0
         return n
 
     def _placement(self, req: Request, budget: int) -> _Placement | None:

@@ -37,12 +37,12 @@ in policies.py; register a policy in `POLICIES` there to make it reachable by na
 `LLM(policy=...)` and the experiment configs. Priorities follow vLLM: a lower `priority` value is more important.
 """
 
-from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
 
 from cbjax.core import validation as check
 from cbjax.core.request import Request, RequestStatus
+from cbjax.core.sorted_ranking import Ranking, SortedWaiting, merge_by_key  # noqa: F401  (part of the interface)
 
 
 def by_admission(reqs: Iterable[Request]) -> list[Request]:
@@ -58,47 +58,6 @@ def by_arrival(reqs: Iterable[Request]) -> list[Request]:
 def fcfs_order(running: Iterable[Request], waiting: Iterable[Request]) -> list[Request]:
     """Running requests in admission order, then waiting ones in arrival order (continuous FCFS)."""
     return by_admission(running) + by_arrival(waiting)
-
-
-class SortedWaiting(NamedTuple):
-    """The waiting requests sorted by the policy's `waiting_key`, ties in joining order; `keys[i]` is
-    `(waiting_key(requests[i]), seq)`. A snapshot: it does not change while the scheduler walks the ranking."""
-
-    requests: list[Request]
-    keys: list[tuple]
-
-    @classmethod
-    def of(cls, waiting: Iterable[Request], key: Callable[[Request], Any]) -> "SortedWaiting":
-        """Sort `waiting` (in joining order) by `key`, as the scheduler's queue would hold it."""
-        keyed = sorted(((key(r), seq), r) for seq, r in enumerate(waiting))
-        return cls([r for _, r in keyed], [k for k, _ in keyed])
-
-
-class Ranking(NamedTuple):
-    """A step's order (`order`, possibly lazy) and the running requests in that same order (`running`)."""
-
-    order: Iterable[Request]
-    running: list[Request]
-
-
-def merge_by_key(running: Iterable[Request], waiting: SortedWaiting, key: Callable[[Request], Any]) -> Ranking:
-    """The order of a stable `sorted([*running, *waiting], key=key)`, lazily, for `waiting` already sorted by the
-    same key: a running request goes before waiting ones of an equal key, as in the stable sort."""
-    ranked = sorted(running, key=key)
-    return Ranking(_merged(ranked, [key(r) for r in ranked], waiting), ranked)
-
-
-def _merged(ranked: list[Request], keys: list, waiting: SortedWaiting) -> Iterator[Request]:
-    reqs, wkeys = waiting
-    i = 0
-    for k, r in zip(keys, ranked):
-        j = bisect_left(wkeys, (k,), i)  # (k,) sorts before every (k, seq): the first waiting key >= k
-        for t in range(i, j):
-            yield reqs[t]
-        yield r
-        i = j
-    for t in range(i, len(reqs)):
-        yield reqs[t]
 
 
 # ---- victim choice: among the running requests a requester may preempt, which goes first -----------------------

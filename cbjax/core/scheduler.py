@@ -8,15 +8,17 @@ new token. Finished sequences leave at `update`, so their slot and pages serve t
 
 import dataclasses
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from cbjax.core.clock import Clock
 from cbjax.core.page_pool import PagePool, chain_hashes
 from cbjax.core.policies import make_policy
-from cbjax.core.policy import Policy, Ranking, SortedWaiting
+from cbjax.core.policy import Policy
 from cbjax.core.request import FinishReason, Request, RequestStatus
 from cbjax.core.scheduler_config import SchedulerConfig, pages_for
 from cbjax.core.scheduler_output import ScheduledSeq, SchedulerOutput
+from cbjax.core.scheduler_view import ReadOnlyScheduler
+from cbjax.core.sorted_ranking import Ranking, SortedWaiting, visits
 from cbjax.core.waiting_queue import WaitingQueue
 
 __all__ = ["ReadOnlyScheduler", "Scheduler", "SchedulerConfig", "pages_for"]
@@ -47,25 +49,6 @@ class _Step:
     may_admit: bool  # waiting requests may still join this step
     preempted: set[int] = dataclasses.field(default_factory=set)  # id() of requests preempted this step
     host_frees: list[int] = dataclasses.field(default_factory=list)  # host pages read by swap-ins: free after
-
-
-def _visits(ranking: Ranking, step: _Step) -> Iterator[tuple[Request, int]]:
-    """The requests of the ranking a step must look at, in order, each with where the running requests ranked below
-    it start in `ranking.running`. Once no more waiting requests may join the step (`may_admit` only ever turns
-    off), every waiting request after that is skipped: the walk jumps to the running ones left instead of
-    stepping through a long queue."""
-    running = ranking.running
-    i = 0
-    for req in ranking.order:
-        if i < len(running) and running[i] is req:
-            i += 1
-        elif not step.may_admit:
-            break
-        yield req, i
-    else:
-        return
-    for j in range(i, len(running)):
-        yield running[j], j + 1
 
 
 class Scheduler:
@@ -151,7 +134,7 @@ class Scheduler:
             self._admit_batch(step)
         ranking = self._rank(self.running, now)
         preempted = step.preempted
-        for req, lower in _visits(ranking, step):
+        for req, lower in visits(ranking, step):
             if step.budget <= 0:
                 break
             waiting = req.status is not RequestStatus.RUNNING
@@ -465,31 +448,3 @@ class Scheduler:
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         req.metrics.finished_time = self.clock.now() if now is None else now
-
-
-class ReadOnlyScheduler:
-    """The SchedulerView a policy gets (cbjax.core.policy): the queues and the prefix cache, read-only."""
-
-    __slots__ = ("_scheduler",)
-
-    def __init__(self, scheduler: Scheduler):
-        self._scheduler = scheduler
-
-    @property
-    def running(self) -> tuple[Request, ...]:
-        return tuple(self._scheduler.running)
-
-    @property
-    def waiting(self) -> tuple[Request, ...]:
-        return tuple(self._scheduler.waiting)
-
-    @property
-    def prefix_caching(self) -> bool:
-        return self._scheduler.pool.enable_caching
-
-    @property
-    def max_num_seqs(self) -> int:
-        return self._scheduler.config.max_num_seqs
-
-    def cached_prefix_tokens(self, req: Request) -> int:
-        return self._scheduler.cached_prefix_tokens(req)

@@ -16,7 +16,7 @@ from flax import nnx
 from cbjax.core import validation as check
 from cbjax.core.clock import Clock, RealClock, VirtualClock
 from cbjax.core.outputs import CompletionOutput, RequestOutput
-from cbjax.core.request import Request
+from cbjax.core.request import Request, RequestStatus
 from cbjax.core.sampling_params import SamplingParams
 from cbjax.core.scheduler import Scheduler, SchedulerConfig
 from cbjax.core.speculator import Speculator
@@ -353,16 +353,18 @@ class LLMEngine:
         )
 
     def _output(self, req: Request, num_new: int) -> RequestOutput:
-        if req.is_finished:
+        finished = req.status is RequestStatus.FINISHED
+        if finished:
             self.requests.pop(req.request_id, None)
         reason = req.finish_reason.value if req.finish_reason is not None else None
-        tokens = req.known_output_token_ids
-        new = tokens[len(tokens) - num_new :] if num_new else []
+        n = len(req.output_token_ids) - req.num_pending_tokens
+        tokens = req.output_token_ids[:n]  # what the host has received (known_output_token_ids)
+        new = tokens[n - num_new :] if num_new else []
         return RequestOutput(
             req.request_id,
             req.prompt_token_ids,
             [CompletionOutput(0, tokens, new, reason)],
-            req.is_finished,
+            finished,
             req.metrics,
             error=req.error,
         )

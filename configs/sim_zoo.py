@@ -1,15 +1,14 @@
 """The policy zoo on the simulator: 10,000 requests of the chat/RAG/code mix through every policy, step times from
-the calibrated llama-tiny profile of this machine (docs/sim.md). 5-6 minutes on 2 CPU cores, mostly mlfq (which
-thrashes under overload) and static; fcfs alone takes ~10 s.
+the calibrated llama-tiny profile of this machine (docs/sim.md). The simulated runs take ~70 s at a load average
+of ~2.5 on the 2 shared cores, 3-9 s per entry (docs/sim.md, Speed), plus the results files.
 
   python -m experiments.compare_policies --config=configs/sim_zoo.py [--config.sim.profile=PROFILE.json]
 
 policy_zoo.py's engine, policies and options, with `engine.runner = "sim"`: the engine's own Scheduler and policy
 objects, a SimRunner whose step times come from `sim.profile`. Requests arrive for ~385 s a little faster than fcfs
-serves them on this profile (fcfs: ~25/s simulated), so the queue stays short enough for the scheduler's per-step
-ranking (O(queue)) to stay cheap: at policy_zoo.py's 60/s the queue grows to thousands and the same run takes
-~7 minutes, nearly all of it in Scheduler.schedule. Every field not set here is policy_zoo.py's, then
-compare_cpu.py's.
+serves them on this profile (fcfs: ~25/s simulated), so the queue grows under the slower policies. The scheduler
+keeps its waiting queue sorted in each built-in policy's order, so a long queue costs little per step. Every field
+not set here is policy_zoo.py's, then compare_cpu.py's.
 """
 
 import os

@@ -52,41 +52,6 @@ def engine_options() -> dict:
     )
 
 
-def sweep_workloads(vocab_size: int, max_num_seqs: int, max_model_len: int) -> dict[str, list]:
-    """name -> workload (cbjax.bench.workload requests)."""
-    import numpy as np
-
-    from cbjax.bench.requests import WorkloadRequest
-    from cbjax.bench.workload import make_workload
-
-    rng = np.random.default_rng(FLAGS.seed)
-    k = FLAGS.scale
-    out = {}
-    decode = []
-    for n in sorted({1, 2, 4, 8, 16, max_num_seqs}):
-        for ctx in (16, 128, 512):
-            for i in range(n):
-                prompt = tuple(int(x) for x in rng.integers(3, vocab_size, ctx))
-                decode.append(WorkloadRequest(f"d{n}-{ctx}-{i}", 0.0, prompt, 48))
-    # Offline groups run one after another (each group's arrival waits for the previous to drain).
-    out["decode"] = decode
-    out["prefill"] = make_workload(
-        dict(kind="synthetic", num_requests=max(4, int(24 * k)), seed=FLAGS.seed, arrival="offline",
-             prompt_len=dict(dist="uniform", low=64, high=max_model_len - 8), output_len=2, vocab_size=vocab_size)
-    )  # fmt: skip
-    out["batch"] = make_workload(
-        dict(kind="synthetic", num_requests=max(32, int(128 * k)), seed=FLAGS.seed + 2, arrival="offline",
-             prompt_len=dict(dist="uniform", low=8, high=400), output_len=dict(dist="uniform", low=16, high=300),
-             vocab_size=vocab_size)
-    )  # fmt: skip
-    out["mixed"] = make_workload(
-        dict(kind="synthetic", num_requests=max(20, int(200 * k)), seed=FLAGS.seed + 1, arrival="poisson",
-             request_rate=30.0, prompt_len=dict(dist="uniform", low=8, high=600),
-             output_len=dict(dist="uniform", low=4, high=200), vocab_size=vocab_size)
-    )  # fmt: skip
-    return out
-
-
 def machine() -> dict:
     import jax
 
@@ -104,41 +69,14 @@ def main(argv):
     del argv
     import jax
 
-    from cbjax.core.clock import VirtualClock
-    from cbjax.engine import LLMEngine
-    from cbjax.sim import CalibratedCost, save_profile
-    from experiments.measured_steps import measure
+    from cbjax.sim import save_profile
+    from experiments.calibration_sweep import calibrate
 
     opts = engine_options()
     start = datetime.datetime.now().astimezone()
     load_before = list(os.getloadavg())
-    engine = LLMEngine(FLAGS.model, clock=VirtualClock(), **opts)
-    engine.wait_until_warm()
-    feats, times, counts = [], [], {}
-    cfg = engine.config
-    for name, wl in sweep_workloads(engine.model_config.vocab_size, cfg.max_num_seqs, cfg.max_model_len).items():
-        f, t, _ = measure(engine, wl)
-        feats += f
-        times += t
-        counts[name] = len(f)
-        print(f"{name}: {len(f)} steps, {sum(t):.2f} s measured")
-    # Swaps: a pool small enough that the mix preempts (its own engine: a different KV shape).
-    swap_opts = dict(opts, num_pages=48, watermark_fraction=0.0, preemption_mode="swap", swap_space_gib=0.25)
-    swapper = LLMEngine(FLAGS.model, clock=VirtualClock(), **swap_opts)
-    swapper.wait_until_warm()
-    # A few requests: a small pool thrashes for many steps, which would outweigh the other sweeps in the fit.
-    wl = sweep_workloads(engine.model_config.vocab_size, cfg.max_num_seqs, cfg.max_model_len)["mixed"][:40]
-    f, t, _ = measure(swapper, wl)
-    feats += f
-    times += t
-    counts["swap"] = len(f)
-    print(f"swap: {len(f)} steps ({sum(x.swap_bytes > 0 for x in f)} with swaps), {sum(t):.2f} s measured")
-    model = CalibratedCost.fit(feats, times)
-    i = 0
-    for name, n in counts.items():  # how well one model fits each sweep's total time
-        pred = sum(map(model.step_time, feats[i : i + n]))
-        print(f"  {name}: predicted / measured total {pred / sum(times[i : i + n]) - 1:+.1%}")
-        i += n
+    cal = calibrate(FLAGS.model, opts, seed=FLAGS.seed, scale=FLAGS.scale)
+    model, feats, times, counts = cal.model, cal.features, cal.times, cal.steps_per_sweep
     if FLAGS.steps_output:
         with open(FLAGS.steps_output, "w") as f:
             i = 0
@@ -149,7 +87,7 @@ def main(argv):
     meta = dict(
         model=FLAGS.model,
         engine_options=opts,
-        swap_engine_options=swap_opts,
+        swap_engine_options=cal.swap_engine_options,
         jax_version=jax.__version__,
         machine=machine(),
         load_average_before=load_before,

@@ -6,6 +6,11 @@ through the schedule.
 
   python -m experiments.calibrate --model llama-tiny          # first, in the same sitting
   python -m experiments.sim_fidelity --profile configs/profiles/llama-tiny-cpu.json [--cases mixed-fcfs,...]
+  python -m experiments.sim_fidelity --recalibrate [--calibration_scale 0.5]   # a fresh fit before each case
+
+On a shared machine the step times follow the other jobs' load, which moves within minutes. With --recalibrate
+each case gets its own profile, fitted (on the calibration sweep, never on the case's workload) right before the
+case's real run, so both see about the same machine; the profiles are written next to the output.
 
 The workloads are not the calibration's (that one used uniform random lengths and fixed decode groups, seeds
 1234-1235): the chat/RAG/code mix (Poisson), lognormal synthetic lengths, shared system prompts with the prefix
@@ -19,7 +24,10 @@ import os
 
 from absl import app, flags
 
-flags.DEFINE_string("profile", None, "cost-model profile (experiments/calibrate.py)", required=True)
+flags.DEFINE_string("profile", None, "cost-model profile (experiments/calibrate.py); not with --recalibrate")
+flags.DEFINE_bool("recalibrate", False, "fit a fresh profile right before each case (the calibration sweep)")
+flags.DEFINE_float("calibration_scale", 0.5, "--recalibrate: the calibration sweep's scale (calibrate's --scale)")
+flags.DEFINE_integer("calibration_seed", 1234, "--recalibrate: the calibration sweep's seed (calibrate's --seed)")
 flags.DEFINE_string("model", "llama-tiny", "the model the profile was calibrated for")
 flags.DEFINE_list("cases", None, "cases to run (default: all of CASES)")
 flags.DEFINE_float("scale", 1.0, "multiplies each case's number of requests")
@@ -128,21 +136,49 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def fresh_profile(case: str) -> str:
+    """Fit a profile on the calibration sweep now (not on the case's workload); returns its path."""
+    import datetime
+
+    from cbjax.sim import save_profile
+    from experiments.calibration_sweep import calibrate
+
+    start = datetime.datetime.now().astimezone()
+    load = list(os.getloadavg())
+    opts = dict(ENGINE)
+    cal = calibrate(FLAGS.model, opts, seed=FLAGS.calibration_seed, scale=FLAGS.calibration_scale, log=lambda s: None)
+    path = os.path.join(os.path.dirname(os.path.abspath(FLAGS.output)), "sim_fidelity_profiles", f"{case}.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    meta = dict(model=FLAGS.model, engine_options=opts, date=start.isoformat(timespec="seconds"),
+                load_average_before=load, steps_per_sweep=cal.steps_per_sweep, fitted_for_case=case,
+                calibration_scale=FLAGS.calibration_scale, calibration_seed=FLAGS.calibration_seed)  # fmt: skip
+    save_profile(cal.model, path, meta)
+    print(f"{case}: profile fitted on {len(cal.times)} calibration steps (load {load[0]:.1f})", flush=True)
+    return path
+
+
 def main(argv):
     del argv
     names = FLAGS.cases or list(CASES)
     unknown = sorted(set(names) - set(CASES))
     if unknown:
         raise app.UsageError(f"unknown cases {unknown}; known: {list(CASES)}")
+    if FLAGS.recalibrate == (FLAGS.profile is not None):
+        raise app.UsageError("give exactly one of --profile and --recalibrate")
     load = list(os.getloadavg())
     results = {}
     for name in names:
-        results[name] = run_case(FLAGS.model, FLAGS.profile, *CASES[name], FLAGS.scale)
+        profile = FLAGS.profile
+        if FLAGS.recalibrate:
+            profile = fresh_profile(name)
+        results[name] = run_case(FLAGS.model, profile, *CASES[name], FLAGS.scale)
+        results[name].update(profile=profile, load_average=list(os.getloadavg()))
         print(name, json.dumps(results[name]["error"]), "step times", results[name]["step_time_error"], flush=True)
     print(table(results))
     os.makedirs(os.path.dirname(os.path.abspath(FLAGS.output)), exist_ok=True)
     with open(FLAGS.output, "w") as f:
-        json.dump(dict(profile=FLAGS.profile, load_average_before=load, load_average_after=list(os.getloadavg()),
+        json.dump(dict(profile=FLAGS.profile, recalibrate=FLAGS.recalibrate, calibration_scale=FLAGS.calibration_scale,
+                       load_average_before=load, load_average_after=list(os.getloadavg()),
                        cases=results), f, indent=1)  # fmt: skip
     print(f"written: {FLAGS.output}")
 

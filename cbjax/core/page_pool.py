@@ -114,6 +114,14 @@ class PagePool:
             pages.append(p)
         return pages
 
+    def num_cached(self, hashes: Sequence[int], limit: int) -> int:
+        """len(lookup(hashes[:limit])), without building the list."""
+        page_of_hash = self._page_of_hash
+        for i in range(min(limit, len(hashes))):
+            if hashes[i] not in page_of_hash:
+                return i
+        return min(limit, len(hashes))
+
     def register(self, page: int, page_hash: int) -> None:
         """Make an in-use page findable under `page_hash` (its KV is computed). A hash already cached elsewhere
         keeps its page: two sequences that computed the same prefix at once keep one copy in the cache."""

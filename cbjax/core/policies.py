@@ -2,11 +2,16 @@
 
 import heapq
 import inspect
-from collections.abc import Mapping, Sequence
+import itertools
+import math
+from bisect import bisect_left
+from collections.abc import Iterator, Mapping, Sequence
 
 from cbjax.core import validation as check
-from cbjax.core.policy import Policy, by_admission, by_arrival, fcfs_order
+from cbjax.core.mlfq import MLFQPolicy
+from cbjax.core.policy import Policy, by_admission, fcfs_order
 from cbjax.core.request import Request, RequestStatus
+from cbjax.core.sorted_ranking import Ranking, arrival_key, by_arrival_of, merge_by_key, running_first, waiting_first
 
 
 class FCFSPolicy(Policy):
@@ -15,8 +20,11 @@ class FCFSPolicy(Policy):
 
     name = "fcfs"
 
-    def rank(self, running, waiting, now):
-        return fcfs_order(running, waiting)
+    def waiting_key(self, req):
+        return arrival_key(req)
+
+    def rank_sorted(self, running, waiting, now):
+        return running_first(by_admission(running), waiting.requests)
 
 
 class StaticPolicy(FCFSPolicy):
@@ -55,8 +63,11 @@ class PrefillFirstPolicy(Policy):
     name = "prefill_first"
     chunked_prefill = False
 
-    def rank(self, running, waiting, now):
-        return by_arrival(waiting) + by_admission(running)
+    def waiting_key(self, req):
+        return arrival_key(req)
+
+    def rank_sorted(self, running, waiting, now):
+        return waiting_first(by_admission(running), waiting.requests)
 
 
 class SarathiPolicy(Policy):
@@ -71,11 +82,14 @@ class SarathiPolicy(Policy):
         super().__init__(victim, reserve_to_completion)
         self.chunk_size = check.optional_integer("sarathi chunk_size", chunk_size, 1)
 
-    def rank(self, running, waiting, now):
+    def waiting_key(self, req):
+        return arrival_key(req)
+
+    def rank_sorted(self, running, waiting, now):
         running = by_admission(running)
         decodes = [r for r in running if r.num_uncomputed_tokens <= 1]
         prefills = [r for r in running if r.num_uncomputed_tokens > 1]
-        return decodes + prefills + by_arrival(waiting)
+        return running_first(decodes + prefills, waiting.requests)
 
 
 class PriorityPolicy(Policy):
@@ -101,6 +115,48 @@ class PriorityPolicy(Policy):
         # only newcomers are outranked by old requests. Ties (and equal classes) go to the earlier arrival.
         return sorted([*running, *waiting], key=lambda r: (self.effective_priority(r, now), r.arrival_order))
 
+    # The fast path: the queue by class, then arrival time. Within a class the effective priority only grows with
+    # the arrival time, so each class's run is already in order but for requests whose effective priorities come
+    # out equal (the same arrival time, or rounding): those go by arrival order, as in `rank`. The classes' runs and
+    # the running requests are merged lazily by (effective priority, arrival order), running first on a tie.
+    def waiting_key(self, req):
+        if self.aging_s is None:
+            return (req.priority, req.arrival_order)
+        return (req.priority, req.metrics.arrival_time, req.arrival_order)
+
+    def rank_sorted(self, running, waiting, now):
+        if self.aging_s is None:
+            return merge_by_key(running, waiting, self.waiting_key)
+        ranked = sorted(running, key=lambda r: (self.effective_priority(r, now), r.arrival_order))
+        streams = [[((self.effective_priority(r, now), r.arrival_order, 0, i), r) for i, r in enumerate(ranked)]]
+        reqs, keys = waiting
+        i = 0
+        while i < len(reqs):
+            end = bisect_left(keys, ((keys[i][0][0], math.inf),), i)  # the end of this class's run
+            streams.append(self._class_order(reqs, keys, i, end, now))
+            i = end
+        return Ranking((r for _, r in heapq.merge(*streams)), ranked)
+
+    def _class_order(self, reqs: list[Request], keys: list[tuple], i: int, end: int, now: float) -> Iterator:
+        """((effective priority, arrival order, 1, seq), request) of reqs[i:end], one class, in rank order."""
+        eff = self.effective_priority
+        while i < end:
+            e = eff(reqs[i], now)
+            blocks, j = [], i
+            while j < end and eff(reqs[j], now) == e:  # blocks of one arrival time each, all of priority e
+                p, a, _ = keys[j][0]
+                k = bisect_left(keys, ((p, a, math.inf),), j, end)
+                blocks.append(_keyed_block(reqs, keys, e, j, k))
+                j = k
+            yield from blocks[0] if len(blocks) == 1 else heapq.merge(*blocks)
+            i = j
+
+
+def _keyed_block(reqs: list[Request], keys: list[tuple], e: float, start: int, end: int) -> Iterator:
+    """priority's merge entries of reqs[start:end] (one arrival time: already in arrival order), lazily."""
+    for t in range(start, end):
+        yield ((e, reqs[t].arrival_order, 1, keys[t][1]), reqs[t])
+
 
 class ThreeLevelPolicy(Policy):
     """Three levels: new prompts first (chunked), then running sequences FCFS; a sequence that has decoded more
@@ -117,11 +173,13 @@ class ThreeLevelPolicy(Policy):
     def demoted(self, req: Request) -> bool:
         return len(req.output_token_ids) > self.demote_after
 
-    def rank(self, running, waiting, now):
+    def waiting_key(self, req):
+        return arrival_key(req)
+
+    def rank_sorted(self, running, waiting, now):
         running = by_admission(running)
-        return (
-            by_arrival(waiting) + [r for r in running if not self.demoted(r)] + [r for r in running if self.demoted(r)]
-        )
+        kept = [r for r in running if not self.demoted(r)]
+        return waiting_first(kept + [r for r in running if self.demoted(r)], waiting.requests)
 
     def victims(self, requester, lower):
         if requester.status is RequestStatus.RUNNING:
@@ -136,8 +194,11 @@ class SJFPolicy(Policy):
 
     name = "sjf"
 
-    def rank(self, running, waiting, now):
-        return by_admission(running) + sorted(waiting, key=lambda r: (r.num_prompt_tokens, r.arrival_order))
+    def waiting_key(self, req):
+        return (req.num_prompt_tokens, req.arrival_order)
+
+    def rank_sorted(self, running, waiting, now):
+        return running_first(by_admission(running), waiting.requests)
 
 
 class SRPTOraclePolicy(Policy):
@@ -154,54 +215,12 @@ class SRPTOraclePolicy(Policy):
         prompt_left = max(0, req.num_prompt_tokens - req.num_computed_tokens)
         return prompt_left + req.num_remaining_output_tokens
 
-    def rank(self, running, waiting, now):
-        return sorted([*running, *waiting], key=lambda r: (self.remaining(r), r.arrival_order))
+    def waiting_key(self, req):
+        # Fixed while it waits: a waiting request computes and generates nothing.
+        return (self.remaining(req), req.arrival_order)
 
-
-class MLFQPolicy(Policy):
-    """Skip-join multi-level feedback queue (FastServe). Level i has a quantum of `quantum * 2**i` tokens of
-    service (prefill and decode tokens); a request joins the highest level whose quantum covers its prompt (a long
-    prompt skips the top levels), and drops a level each time it uses up its quantum. Lower levels are served (and
-    preempted) last; FCFS within a level. A request not scheduled for `starvation_s` seconds returns to the top."""
-
-    name = "mlfq"
-    preempts_for_admission = True
-
-    def __init__(
-        self,
-        num_levels: int = 4,
-        quantum: int = 64,
-        starvation_s: float | None = 5.0,
-        victim: str = "rank",
-        reserve_to_completion: bool | None = None,
-    ):
-        super().__init__(victim, reserve_to_completion)
-        self.num_levels = check.integer("mlfq num_levels", num_levels, 1, 32)
-        self.quantum = check.integer("mlfq quantum", quantum, 1)
-        self.starvation_s = check.optional_real("mlfq starvation_s (None: off)", starvation_s, 0.0, low_open=True)
-
-    def quantum_of(self, level: int) -> int:
-        return self.quantum << level
-
-    def on_arrival(self, req, now):
-        level = 0
-        while level < self.num_levels - 1 and req.num_prompt_tokens > self.quantum_of(level):
-            level += 1
-        req.policy_state = [level, 0]  # [level, service attained at this level]
-
-    def on_scheduled(self, req, num_tokens, now):
-        state = req.policy_state
-        state[1] += num_tokens
-        if state[1] > self.quantum_of(state[0]) and state[0] < self.num_levels - 1:
-            state[0] += 1
-            state[1] = 0
-
-    def rank(self, running, waiting, now):
-        if self.starvation_s is not None:
-            for r in waiting:
-                if now - r.last_scheduled_time > self.starvation_s:
-                    r.policy_state[:] = [0, 0]
-        return sorted([*running, *waiting], key=lambda r: (r.policy_state[0], r.arrival_order))
+    def rank_sorted(self, running, waiting, now):
+        return merge_by_key(running, waiting, self.waiting_key)
 
 
 class FairSharePolicy(Policy):
@@ -248,24 +267,32 @@ class FairSharePolicy(Policy):
             cost += self.output_weight
         self.counters[req.tenant] = self.counters.get(req.tenant, 0.0) + cost / self._weight(req.tenant)
 
-    def rank(self, running, waiting, now):
-        # Interleave the tenants' queues as admission would move their counters: each pick charges its prompt.
-        queues: dict[str, list[Request]] = {}
-        for r in by_arrival(waiting):
-            queues.setdefault(r.tenant, []).append(r)
-        heap = [(self.counters.get(t, 0.0), q[0].arrival_order, t) for t, q in queues.items()]
+    def waiting_key(self, req):
+        return (req.tenant, req.arrival_order)  # each tenant's queue in arrival order, one run after another
+
+    def rank_sorted(self, running, waiting, now):
+        reqs, keys = waiting
+        heap, i = [], 0
+        while i < len(reqs):  # one entry per tenant: its counter now and the head of its run
+            tenant = keys[i][0][0]
+            end = bisect_left(keys, ((tenant, math.inf),), i)
+            heap.append((self.counters.get(tenant, 0.0), reqs[i].arrival_order, tenant, i, end))
+            i = end
         heapq.heapify(heap)
-        order, pos = [], dict.fromkeys(queues, 0)
-        while heap:
-            c, _, t = heapq.heappop(heap)
-            q = queues[t]
-            r = q[pos[t]]
-            order.append(r)
-            pos[t] += 1
-            if pos[t] < len(q):
-                c += r.num_prompt_tokens * self.input_weight / self._weight(t)
-                heapq.heappush(heap, (c, q[pos[t]].arrival_order, t))
-        return by_admission(running) + order
+        return running_first(by_admission(running), _interleaved(self, reqs, heap))
+
+
+def _interleaved(policy: FairSharePolicy, reqs: list[Request], heap: list) -> Iterator[Request]:
+    """fair_share's waiting order, lazily: the tenants' runs of the sorted queue merged by counter, each pick
+    charging its prompt. `heap` holds the counters read when the step was ranked, as `rank` reads them."""
+    while heap:
+        c, _, t, pos, end = heapq.heappop(heap)
+        r = reqs[pos]
+        yield r
+        pos += 1
+        if pos < end:
+            c += r.num_prompt_tokens * policy.input_weight / policy._weight(t)
+            heapq.heappush(heap, (c, reqs[pos].arrival_order, t, pos, end))
 
 
 class EDFPolicy(Policy):
@@ -297,8 +324,11 @@ class EDFPolicy(Policy):
             return req.deadline
         return req.metrics.arrival_time + self.class_slack_s.get(req.priority, self.default_slack_s)
 
-    def rank(self, running, waiting, now):
-        return sorted([*running, *waiting], key=lambda r: (self.deadline(r), r.arrival_order))
+    def waiting_key(self, req):
+        return (self.deadline(req), req.arrival_order)
+
+    def rank_sorted(self, running, waiting, now):
+        return merge_by_key(running, waiting, self.waiting_key)
 
 
 def _priority_key(key) -> int:
@@ -331,6 +361,51 @@ class LPMPolicy(Policy):
             return view.cached_prefix_tokens(r) + self.aging_tokens_per_s * waited
 
         return by_admission(running) + sorted(waiting, key=lambda r: (-score(r), r.arrival_order))
+
+    # The fast path. A request's score is at most its context length - 1 (the most the cache can hold of it) plus
+    # its aging, so the queue is kept in the order of that bound: a step scores requests in that order only until
+    # the best scored one beats every bound left. It scores at ranking time (admissions during the walk evict cached
+    # pages) the most the walk can visit: max_num_seqs + 1 requests, plus any preempted ones with a pending token
+    # (the walk may skip those); the rest is scored only if read.
+    def waiting_key(self, req):
+        bound = (len(req.all_token_ids) - 1) - self.aging_tokens_per_s * req.metrics.arrival_time
+        return (-bound, req.arrival_order)
+
+    def rank_sorted(self, running, waiting, now):
+        view = self.view
+        if view is None or not view.prefix_caching:
+            return running_first(by_admission(running), by_arrival_of(waiting))
+        return running_first(by_admission(running), self._by_score(waiting, now))
+
+    def _score(self, req: Request, now: float) -> float:
+        return self.view.cached_prefix_tokens(req) + self.aging_tokens_per_s * (now - req.metrics.arrival_time)
+
+    def _by_score(self, waiting, now: float) -> Iterator[Request]:
+        reqs, keys = waiting
+        aging = self.aging_tokens_per_s
+        wanted = getattr(self.view, "max_num_seqs", None)
+        wanted = len(reqs) if wanted is None else wanted + 1
+        first, scored, i = [], [], 0  # scored: a heap of (-score, arrival_order, seq, request)
+        while len(first) < wanted and (i < len(reqs) or scored):
+            while i < len(reqs):
+                r = reqs[i]
+                bound = (len(r.all_token_ids) - 1) + aging * (now - r.metrics.arrival_time)
+                # The queue's order is the bounds' up to rounding: the margin covers it.
+                if scored and -scored[0][0] > bound + 1e-6 + 1e-9 * abs(bound):
+                    break
+                heapq.heappush(scored, (-self._score(r, now), r.arrival_order, keys[i][1], r))
+                i += 1
+            r = heapq.heappop(scored)[3]
+            first.append(r)
+            if r.num_pending_tokens:
+                wanted += 1
+        return itertools.chain(first, self._rest(scored, reqs[i:], keys[i:], now))
+
+    def _rest(self, scored: list, reqs: list[Request], keys: list[tuple], now: float) -> Iterator[Request]:
+        rest = scored + [(-self._score(r, now), r.arrival_order, k[1], r) for r, k in zip(reqs, keys)]
+        rest.sort(key=lambda e: e[:3])
+        for e in rest:
+            yield e[3]
 
 
 POLICIES: dict[str, type[Policy]] = {

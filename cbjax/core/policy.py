@@ -18,6 +18,17 @@ The Scheduler does the bookkeeping (token budget, slots, pages, swaps, state cha
   next_event_time(running, waiting)  when the policy will admit although nothing changes (a static timeout);
                                   the online loop sleeps until then.
 
+A fast path for long queues (optional; every built-in policy takes it, a custom policy need not):
+
+  waiting_key(req)                a sort key of a waiting request, fixed while it waits. With one, the scheduler
+                                  keeps its waiting queue in this order (ties in the order they joined the queue)
+                                  and calls `rank_sorted` instead of `rank`.
+  rank_sorted(running, waiting, now)  the same order as `rank`, given the waiting requests already sorted
+                                  (`SortedWaiting`); returns a `Ranking`: the order (may be lazy: the scheduler
+                                  stops early) and the running requests in that order.
+  stale_waiting_keys(now)         waiting requests whose key the policy changed since they queued (mlfq's
+                                  starvation reset); the scheduler re-sorts them before `rank_sorted`.
+
 A policy reads the scheduler's state through `self.view`, a read-only `SchedulerView` the Scheduler attaches
 when it is built: the queues and the prefix cache's contents, never the means to change them.
 
@@ -26,11 +37,12 @@ in policies.py; register a policy in `POLICIES` there to make it reachable by na
 `LLM(policy=...)` and the experiment configs. Priorities follow vLLM: a lower `priority` value is more important.
 """
 
-from collections.abc import Iterable, Sequence
-from typing import Protocol
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
 
 from cbjax.core import validation as check
 from cbjax.core.request import Request, RequestStatus
+from cbjax.core.sorted_ranking import Ranking, SortedWaiting, merge_by_key  # noqa: F401  (part of the interface)
 
 
 def by_admission(reqs: Iterable[Request]) -> list[Request]:
@@ -76,6 +88,9 @@ class SchedulerView(Protocol):
     @property
     def prefix_caching(self) -> bool: ...
 
+    @property
+    def max_num_seqs(self) -> int: ...
+
     def cached_prefix_tokens(self, req: Request) -> int:
         """Tokens of the request's context a fresh admission would find in the prefix cache."""
         ...
@@ -92,6 +107,8 @@ class Policy:
     reserve_to_completion = False
     # A waiting request may preempt lower-ranked running ones (for pages or for a slot).
     preempts_for_admission = False
+    # The fast path (see the module docstring): a method `waiting_key(req)`, or None for `rank` every step.
+    waiting_key: Callable[[Request], Any] | None = None
 
     def __init__(self, victim: str = "rank", reserve_to_completion: bool | None = None):
         self.victim = check.choice("victim", victim, VICTIMS)
@@ -105,7 +122,16 @@ class Policy:
 
     # ---- hooks ------------------------------------------------------------------------------------------------
     def rank(self, running: Sequence[Request], waiting: Sequence[Request], now: float) -> list[Request]:
-        raise NotImplementedError(f"{type(self).__name__} must implement rank()")
+        if self.waiting_key is None:
+            raise NotImplementedError(f"{type(self).__name__} must implement rank()")
+        return list(self.rank_sorted(running, SortedWaiting.of(waiting, self.waiting_key), now).order)
+
+    def rank_sorted(self, running: Sequence[Request], waiting: SortedWaiting, now: float) -> Ranking:
+        """`rank` with the waiting requests already sorted by `waiting_key` (only called when there is one)."""
+        raise NotImplementedError(f"{type(self).__name__} has a waiting_key but no rank_sorted()")
+
+    def stale_waiting_keys(self, now: float) -> Iterable[Request]:
+        return ()
 
     def may_admit(self, running: Sequence[Request], waiting: Sequence[Request], now: float) -> bool:
         return True

@@ -135,7 +135,8 @@ class Request:
         self.all_token_ids.append(token)
 
     def append_pending_token(self) -> None:
-        self.append_token(PENDING_TOKEN)
+        self.output_token_ids.append(PENDING_TOKEN)
+        self.all_token_ids.append(PENDING_TOKEN)
         self.num_pending_tokens += 1
 
     def receive_token(self, token: int) -> int:

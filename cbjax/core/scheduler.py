@@ -6,7 +6,7 @@ preempted sequence are all the same operation. A sequence whose chunk reaches th
 new token. Finished sequences leave at `update`, so their slot and pages serve the very next step.
 """
 
-import dataclasses
+import itertools
 from collections.abc import Sequence
 
 from cbjax.core import speculation
@@ -17,37 +17,14 @@ from cbjax.core.policy import Policy
 from cbjax.core.request import FinishReason, Request, RequestStatus
 from cbjax.core.scheduler_config import SchedulerConfig, pages_for
 from cbjax.core.scheduler_output import ScheduledSeq, SchedulerOutput
+from cbjax.core.scheduler_view import ReadOnlyScheduler
+from cbjax.core.sorted_ranking import Ranking, SortedWaiting, visits
 from cbjax.core.speculator import Speculator
+from cbjax.core.step_plan import Placement as _Placement
+from cbjax.core.step_plan import StepPlan as _Step
+from cbjax.core.waiting_queue import WaitingQueue
 
 __all__ = ["ReadOnlyScheduler", "Scheduler", "SchedulerConfig", "pages_for"]
-
-
-@dataclasses.dataclass(slots=True)
-class _Placement:
-    """How a request would get its pages this step: prefix-cache hits, pages swapped back in, fresh pages."""
-
-    num_computed_tokens: int  # tokens in the cache once hits / swapped pages are in place
-    num_new_tokens: int
-    hits: list[int]
-    num_new_pages: int
-    num_revived: int  # hit pages that are evictable now: taking them uses up free pages too
-    num_swapped_in: int  # device pages for the KV coming back from host
-    draft_token_ids: list[int] = dataclasses.field(default_factory=list)  # speculation: drafts after the decode
-
-    @property
-    def pages_needed(self) -> int:
-        return self.num_new_pages + self.num_revived + self.num_swapped_in
-
-
-@dataclasses.dataclass(slots=True)
-class _Step:
-    """What one schedule() call builds up while it walks the ranking."""
-
-    out: SchedulerOutput
-    budget: int  # tokens left in the step
-    may_admit: bool  # waiting requests may still join this step
-    preempted: set[int] = dataclasses.field(default_factory=set)  # id() of requests preempted this step
-    host_frees: list[int] = dataclasses.field(default_factory=list)  # host pages read by swap-ins: free after
 
 
 class Scheduler:
@@ -73,7 +50,8 @@ class Scheduler:
         self._window = config.sliding_window if config.evict_outside_window else None
         swap = config.preemption_mode == "swap" and config.num_host_pages > 0
         self.host_pool = PagePool(config.num_host_pages) if swap else None
-        self.waiting: list[Request] = []
+        # In the policy's order when it has a waiting_key (the fast path), else in the order requests joined it.
+        self.waiting = WaitingQueue(self.policy.waiting_key)
         self.running: list[Request] = []  # in admission order
         self._num_admissions = 0
         self.num_preemptions = 0
@@ -106,11 +84,17 @@ class Scheduler:
 
     def next_event_time(self) -> float | None:
         """When the policy will admit although no request arrives or finishes (a static batch's timeout)."""
-        return self.policy.next_event_time(self.running, self.waiting)
+        return self.policy.next_event_time(self.running, self.waiting.requests)
 
     def cached_prefix_tokens(self, req: Request) -> int:
         """Tokens of the request's context a fresh admission would find in the prefix cache."""
-        return len(self._lookup(req)) * self.config.page_size
+        if not self.pool.enable_caching:
+            return 0
+        G = self.config.page_size
+        max_pages = (len(req.all_token_ids) - 1) // G  # as _lookup: the last token is always computed
+        if len(req.page_hashes) < max_pages:
+            chain_hashes(req.all_token_ids, G, req.page_hashes, upto=max_pages * G)
+        return self.pool.num_cached(req.page_hashes, max_pages) * G
 
     # ---- one step ---------------------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -123,25 +107,30 @@ class Scheduler:
         step = _Step(
             SchedulerOutput([], 0, [], now),
             self.config.max_num_batched_tokens,
-            may_admit=self.policy.may_admit(self.running, self.waiting, now),
+            may_admit=self.policy.may_admit(self.running, self.waiting.requests, now),
         )
         if self.speculator is not None:
             self.speculator.begin_step(self.speculator.batch_size(self))
         if self.policy.admits_whole_batch:
             self._admit_batch(step)
-        ranking = self.policy.rank(self.running, self.waiting, now)
-        for idx, req in enumerate(ranking):
+        ranking = self._rank(self.running, now)
+        preempted = step.preempted
+        for req, lower in visits(ranking, step):
             if step.budget <= 0:
                 break
             waiting = req.status is not RequestStatus.RUNNING
-            if id(req) in step.preempted or (waiting and not step.may_admit) or self._finishes_pending(req):
+            if (
+                id(req) in preempted
+                or (waiting and not step.may_admit)
+                or (req.num_pending_tokens > 0 and self._finishes_pending(req))
+            ):
                 continue
             place = self._placement(req, step.budget)
             if place is None:
                 # An unsplittable prompt waits for a step with room; later requests do not jump ahead of it.
                 step.may_admit &= not waiting
                 continue
-            place = self._make_room(req, place, ranking[idx + 1 :], step)
+            place = self._make_room(req, place, ranking.running, lower, step)
             if place is not None:
                 self._commit(req, place, step)
         if self.host_pool is not None:
@@ -149,20 +138,37 @@ class Scheduler:
         step.out.num_batched_tokens = self.config.max_num_batched_tokens - step.budget
         return step.out
 
+    def _rank(self, running: list[Request], now: float, *, with_running: bool = True) -> Ranking:
+        """The policy's order of `running` and the waiting requests: from the sorted queue (fast path) or from
+        `rank` (then the running requests' order is read off the ranking unless `with_running` is False)."""
+        policy = self.policy
+        if self.waiting.sorted:
+            for req in policy.stale_waiting_keys(now):
+                self.waiting.rekey(req)
+            return policy.rank_sorted(running, SortedWaiting(*self.waiting.snapshot()), now)
+        order = policy.rank(running, self.waiting.snapshot()[0], now)
+        return Ranking(order, [r for r in order if r.status is RequestStatus.RUNNING] if with_running else [])
+
     def _admit_batch(self, step: _Step) -> None:
         """Static batching: move a whole batch into the running set, then admit nothing else this step."""
         if step.may_admit:
             free_slots = self.config.max_num_seqs - len(self.running)
-            for req in self.policy.rank([], self.waiting, step.out.time)[:free_slots]:
+            order = self._rank([], step.out.time, with_running=False).order
+            batch = itertools.islice(order, free_slots) if free_slots >= 0 else list(order)[:free_slots]
+            for req in list(batch):
                 self._admit(req)
         step.may_admit = False
 
     def _make_room(
-        self, req: Request, place: _Placement, lower_ranked: list[Request], step: _Step
+        self, req: Request, place: _Placement, ranked_running: list[Request], lower: int, step: _Step
     ) -> _Placement | None:
-        """A slot and pages for `req`, preempting requests ranked below it as the policy allows. Returns the
-        placement to commit (counted again after any preemption), or None when there is no room this step."""
+        """A slot and pages for `req`, preempting requests ranked below it (`ranked_running[lower:]`) as the policy
+        allows. Returns the placement to commit (counted again after any preemption), or None when there is no
+        room this step."""
         waiting = req.status is not RequestStatus.RUNNING
+        if not waiting and place.pages_needed <= self.pool.num_free:
+            return place  # the common case: a running sequence whose pages are there
+        lower_ranked = ranked_running[lower:]
         if waiting and len(self.running) >= self.config.max_num_seqs:
             if not self._preempt_lower(
                 req, lower_ranked, step, need_slot=True, target=self._pages_wanted(place, waiting)
@@ -190,14 +196,17 @@ class Scheduler:
         budget. Its tokens count as computed from now on, and a token it samples is pending until `update`."""
         if req.status is not RequestStatus.RUNNING:
             self._admit(req)
-        self._place(req, place, step)
-        end = place.num_computed_tokens + place.num_new_tokens
-        samples = end == req.num_tokens
+        if place.num_new_pages or req.host_pages or not req.pages:  # else a running sequence's pages suffice
+            self._place(req, place, step)
+        computed = place.num_computed_tokens
+        end = computed + place.num_new_tokens
+        samples = end == len(req.all_token_ids)
         drafts = place.draft_token_ids
         n = place.num_new_tokens + len(drafts)  # drafts are computed (and paid for) like any token
-        step.out.seqs.append(ScheduledSeq(req, place.num_computed_tokens, n, samples, drafts))
+        out = step.out
+        out.seqs.append(ScheduledSeq(req, computed, n, samples, drafts))
         step.budget -= n
-        now = step.out.time
+        now = out.time
         if req.metrics.first_scheduled_time is None:
             req.metrics.first_scheduled_time = now
         req.last_scheduled_time = now
@@ -218,23 +227,32 @@ class Scheduler:
         return place.pages_needed + (self.config.watermark_pages if waiting and self.running else 0)
 
     def _num_new_tokens(self, req: Request, computed: int, budget: int) -> int:
-        left = req.num_tokens - computed
-        cap = budget if self.policy.chunk_size is None else min(budget, self.policy.chunk_size)
-        n = min(left, cap)
-        chunked = self.policy.chunked_prefill
-        if chunked is None:
-            chunked = self.config.enable_chunked_prefill
-        # Without chunking a context waits for a step with room for all of it, unless no step could ever hold it.
-        if n < left and not chunked and left <= self.config.max_num_batched_tokens:
-            return 0
+        left = len(req.all_token_ids) - computed
+        chunk_size = self.policy.chunk_size
+        n = left if left <= budget else budget
+        if chunk_size is not None and n > chunk_size:
+            n = chunk_size
+        if n < left:
+            chunked = self.policy.chunked_prefill
+            if chunked is None:
+                chunked = self.config.enable_chunked_prefill
+            # Without chunking a context waits for a step with room for all of it, unless no step could ever hold
+            # it.
+            if not chunked and left <= self.config.max_num_batched_tokens:
+                return 0
         return n
 
     def _placement(self, req: Request, budget: int) -> _Placement | None:
         G = self.config.page_size
         hits: list[int] = []
-        if req.pages:  # running: extend
-            computed, have = req.num_computed_tokens, req.num_dropped_pages + len(req.pages)
-        elif req.host_pages:  # swapped out: its pages come back from host
+        if req.pages:  # running: extend (nothing to look up, revive or swap in)
+            computed = req.num_computed_tokens
+            n = self._num_new_tokens(req, computed, budget)
+            if n == 0:
+                return None
+            new_pages = (computed + n + G - 1) // G - req.num_dropped_pages - len(req.pages)  # pages_for - have
+            return _Placement(computed, n, hits, new_pages if new_pages > 0 else 0, 0, 0)
+        if req.host_pages:  # swapped out: its pages come back from host
             computed, have = req.num_computed_tokens, req.num_dropped_pages + len(req.host_pages)
         else:  # fresh, recomputing, or admitted in a static batch and not started: the prefix cache may help
             hits = self._lookup(req)
@@ -279,7 +297,8 @@ class Scheduler:
             req.pages = list(place.hits)
             req.num_registered_pages = len(place.hits)
             req.num_computed_tokens = place.num_computed_tokens
-        req.pages.extend(pool.allocate(place.num_new_pages, self.policy.choose_eviction))
+        if place.num_new_pages:
+            req.pages.extend(pool.allocate(place.num_new_pages, self.policy.choose_eviction))
 
     def _admit(self, req: Request) -> None:
         self.waiting.remove(req)
@@ -362,7 +381,11 @@ class Scheduler:
                     m.first_token_time = now
                 m.token_times.append(now)
                 changed.append(req)
-            if caching and req.status is RequestStatus.RUNNING:
+            if (
+                caching
+                and req.status is RequestStatus.RUNNING
+                and req.num_computed_tokens // self.config.page_size > req.num_registered_pages
+            ):
                 self._register_full_pages(req)
             if seq.samples_token:
                 reason = self._stop_reason(req, i, eos_token_id)
@@ -413,27 +436,3 @@ class Scheduler:
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         req.metrics.finished_time = self.clock.now() if now is None else now
-
-
-class ReadOnlyScheduler:
-    """The SchedulerView a policy gets (cbjax.core.policy): the queues and the prefix cache, read-only."""
-
-    __slots__ = ("_scheduler",)
-
-    def __init__(self, scheduler: Scheduler):
-        self._scheduler = scheduler
-
-    @property
-    def running(self) -> tuple[Request, ...]:
-        return tuple(self._scheduler.running)
-
-    @property
-    def waiting(self) -> tuple[Request, ...]:
-        return tuple(self._scheduler.waiting)
-
-    @property
-    def prefix_caching(self) -> bool:
-        return self._scheduler.pool.enable_caching
-
-    def cached_prefix_tokens(self, req: Request) -> int:
-        return self._scheduler.cached_prefix_tokens(req)

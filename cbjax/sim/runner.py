@@ -17,8 +17,6 @@ import dataclasses
 import zlib
 from collections.abc import Mapping
 
-import numpy as np
-
 from cbjax.core.clock import VirtualClock
 from cbjax.core.scheduler_output import SchedulerOutput
 from cbjax.sim.cost_model import CostModel
@@ -30,7 +28,7 @@ class SimStepHandle:
     """A dispatched simulated step (the fields the engine reads of cbjax.runner's StepHandle, plus the cost)."""
 
     out: SchedulerOutput
-    tokens: np.ndarray
+    tokens: list[int]  # a plain list: the scheduler reads them one by one (numpy scalars would cost more)
     features: StepFeatures
     cost_s: float  # simulated seconds: what the clock advances by at fetch
     padded_tokens: int = 0
@@ -112,22 +110,22 @@ class SimRunner:
         padded = self.buckets.token_bucket(out.num_batched_tokens) if out.seqs else 0
         _, out_bytes, in_bytes = self.swap(out.swap_out, out.swap_in)
         features = step_features(out, padded, self.kv_bytes_per_page)
-        tokens = np.zeros(len(out.seqs), np.int32)
-        for i, s in enumerate(out.seqs):
-            if s.samples_token:
-                tokens[i] = self._token(s.request.request_id, len(s.request.output_token_ids) - 1)
+        token = self._token
+        tokens = [
+            token(s.request.request_id, len(s.request.output_token_ids) - 1) if s.samples_token else 0 for s in out.seqs
+        ]
         cost = self.cost_model.step_time(features)
         handle = SimStepHandle(out, tokens, features, cost, padded, out_bytes, in_bytes)
         self.last_step = handle
         return handle
 
-    def fetch(self, handle: SimStepHandle) -> np.ndarray:
+    def fetch(self, handle: SimStepHandle) -> list[int]:
         """The step ends: the clock moves by its cost; returns its tokens in out.seqs order."""
         self.clock.advance(handle.cost_s)
         self.simulated_s += handle.cost_s
         self.num_steps += 1
         return handle.tokens
 
-    def execute(self, out: SchedulerOutput) -> np.ndarray:
+    def execute(self, out: SchedulerOutput) -> list[int]:
         """dispatch + fetch: one step, synchronously."""
         return self.fetch(self.dispatch(out))

@@ -21,6 +21,7 @@ from cbjax.core.sampling_params import SamplingParams
 from cbjax.core.scheduler import Scheduler, SchedulerConfig
 from cbjax.core.speculator import Speculator
 from cbjax.engine_config import EngineConfig
+from cbjax.memory_fit import check_fits, device_memory_bytes, host_memory_bytes
 from cbjax.model.config import ModelConfig, get_model_config
 from cbjax.model.hf_loader import load_hf_model
 from cbjax.model.llama import Llama, init_model, kv_cache_bytes_per_page
@@ -104,8 +105,8 @@ class LLMEngine:
                     mcfg, cfg.page_size, cfg.kv_cache_dtype
                 )
         if not sim:  # (a simulated accelerator's pool is not this machine's memory)
-            _check_fits("KV cache (num_pages / kv_cache_memory_gib)", num_pages, mcfg, cfg, device_memory_bytes())
-            _check_fits(
+            check_fits("KV cache (num_pages / kv_cache_memory_gib)", num_pages, mcfg, cfg, device_memory_bytes())
+            check_fits(
                 "host swap pool (num_host_pages / swap_space_gib)", num_host_pages, mcfg, cfg, host_memory_bytes()
             )
         self.config = cfg = dataclasses.replace(
@@ -421,35 +422,3 @@ def sim_cost_model(cfg: EngineConfig, mcfg: ModelConfig):
             mcfg, cfg.sim_accelerator, num_chips=cfg.sim_num_chips, kv_cache_dtype=cfg.kv_cache_dtype
         )
     raise ValueError("runner='sim' needs sim_profile (a cost-model profile) or sim_accelerator (a roofline)")
-
-
-def device_memory_bytes() -> int | None:
-    """What this process's first device can hold (its allocator's limit; on the CPU backend, the machine's memory)."""
-    device = jax.local_devices()[0]
-    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
-    if stats and "bytes_limit" in stats:
-        return int(stats["bytes_limit"])
-    return host_memory_bytes() if device.platform == "cpu" else None
-
-
-def host_memory_bytes() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # not a POSIX system
-        return None
-
-
-def _check_fits(what: str, num_pages: int, mcfg: ModelConfig, cfg: EngineConfig, limit: int | None) -> None:
-    """A pool larger than the memory that would hold it is the user's sizing mistake (GiB vs bytes, one zero too
-    many): a ValueError now, not an allocator failure or an out-of-memory kill later."""
-    size = num_pages * kv_cache_bytes_per_page(mcfg, cfg.page_size, cfg.kv_cache_dtype)
-    if limit is not None and size > limit:
-        raise ValueError(
-            f"the {what}: {num_pages} pages of {cfg.page_size} tokens = {size / 2**30:.3g} GiB, more than the "
-            f"{limit / 2**30:.3g} GiB of memory there is to hold them"
-        )
-
-
-def device_kind() -> str:
-    d = jax.devices()[0]
-    return f"{d.platform}:{getattr(d, 'device_kind', '?')} x{jax.device_count()}"

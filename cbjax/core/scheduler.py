@@ -250,8 +250,10 @@ class Scheduler:
             n = self._num_new_tokens(req, computed, budget)
             if n == 0:
                 return None
-            new_pages = (computed + n + G - 1) // G - req.num_dropped_pages - len(req.pages)  # pages_for - have
-            return _Placement(computed, n, hits, new_pages if new_pages > 0 else 0, 0, 0)
+            have = req.num_dropped_pages + len(req.pages)
+            drafts = [] if self.speculator is None else speculation.drafts(self, req, computed, n, budget, have)
+            new_pages = (computed + n + len(drafts) + G - 1) // G - have  # pages_for - have
+            return _Placement(computed, n, hits, new_pages if new_pages > 0 else 0, 0, 0, drafts)
         if req.host_pages:  # swapped out: its pages come back from host
             computed, have = req.num_computed_tokens, req.num_dropped_pages + len(req.host_pages)
         else:  # fresh, recomputing, or admitted in a static batch and not started: the prefix cache may help

@@ -52,6 +52,16 @@ class DataParallelEngine:
         self.num_routed = [0] * size  # requests each replica was given
 
     @property
+    def stream_outputs(self) -> bool:
+        """As LLMEngine.stream_outputs, for every replica."""
+        return self.replicas[0].stream_outputs
+
+    @stream_outputs.setter
+    def stream_outputs(self, value: bool) -> None:
+        for replica in self.replicas:
+            replica.stream_outputs = value
+
+    @property
     def requests(self) -> collections.ChainMap:
         """Every replica's unfinished requests by id (read-only view)."""
         return collections.ChainMap(*(r.requests for r in self.replicas))

@@ -160,6 +160,24 @@ def test_stream_deltas_concatenate_to_the_final_output(engine):
     assert pieces == final and len(final) == 6
 
 
+def test_without_streaming_only_finished_requests_get_outputs(engine):
+    """stream_outputs=False (the benchmark harness's mode): a step reports the requests that finished, each once,
+    with every token; the same tokens as when streaming."""
+    prompts = [[3 + i] * (1 + 5 * i) for i in range(5)]
+    runs = {}
+    for stream in (True, False):
+        engine.stream_outputs = stream
+        try:
+            for i, p in enumerate(prompts):
+                engine.add_request(f"n{stream}{i}", p, SamplingParams(max_tokens=3 + i, **GREEDY))
+            seen = [out for out in engine.stream()]
+        finally:
+            engine.stream_outputs = True
+        assert all(out.finished for out in seen) != stream
+        runs[stream] = {out.request_id[-1]: out.outputs[0].token_ids for out in seen if out.finished}
+    assert runs[True] == runs[False] and len(runs[False]) == 5
+
+
 def test_metrics_timestamps_are_ordered(engine):
     outs = LLM.from_engine(engine).generate([[5, 6, 7]] * 3, SamplingParams(max_tokens=4, **GREEDY))
     for o in outs:

@@ -145,6 +145,8 @@ class _OnlineRun:
         horizon_s: float | None = None,
     ):
         self.engine = engine
+        # Each request's output is read once it finished (an interrupted run aborts the rest, which finishes them).
+        engine.stream_outputs = False
         self.clock = engine.clock
         self.virtual = isinstance(self.clock, VirtualClock)
         if step_cost_s is not None and not self.virtual:

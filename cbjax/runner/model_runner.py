@@ -208,7 +208,6 @@ class ModelRunner:
         else:
             zeros = lambda shape, dt: put(jnp.zeros(shape, dt))
         self.kv_caches = [tuple(zeros(*a) for a in arrays) for _ in range(cfg.num_layers)]
-        self.kv_cache_dtype = dt
         # Several processes (multi-host, jax.distributed): the step's host inputs become global arrays too.
         self._global_inputs = mesh is not None and jax.process_count() > 1
         if num_host_pages < 0:

@@ -20,6 +20,7 @@ from cbjax.core.request import Request, RequestStatus
 from cbjax.core.sampling_params import SamplingParams
 from cbjax.core.scheduler import Scheduler, SchedulerConfig
 from cbjax.core.speculator import Speculator
+from cbjax.draft_model import check_draft_model, draft_config, load_draft_model
 from cbjax.engine_config import EngineConfig
 from cbjax.memory_fit import check_fits, device_memory_bytes, host_memory_bytes
 from cbjax.model.config import ModelConfig, get_model_config
@@ -60,6 +61,9 @@ class LLMEngine:
         """`cost_model` (runner="sim" only): a cbjax.sim cost model object, instead of sim_profile/sim_accelerator."""
         cfg = EngineConfig.from_options(options)  # every option checked before anything is loaded or compiled
         sim = cfg.runner == "sim"
+        drafter = cfg.speculative_config.draft_model if cfg.speculative_config is not None else None
+        if drafter is not None:
+            check_draft_model(model, drafter, cfg.max_model_len)
         if sim:
             # The simulator: no weights, no compile; the model's shapes only (docs/sim.md).
             self.clock = VirtualClock() if clock is None else clock
@@ -91,6 +95,8 @@ class LLMEngine:
                 raise ValueError(f"the simulated accelerator's memory holds no KV page after the weights: {cost_model}")
         if num_pages is None:
             page_bytes = kv_cache_bytes_per_page(mcfg, cfg.page_size, cfg.kv_cache_dtype)
+            if drafter is not None:  # the draft's KV pages mirror the target's (cbjax/runner/draft_runner.py)
+                page_bytes += kv_cache_bytes_per_page(draft_config(drafter), cfg.page_size, cfg.kv_cache_dtype)
             num_pages = int(cfg.kv_cache_memory_gib * 2**30) // page_bytes
             if num_pages < 1:
                 raise ValueError(
@@ -168,7 +174,15 @@ class LLMEngine:
             device=device,
             mesh=None if cfg.tensor_parallel_size == 1 else make_mesh(cfg.tensor_parallel_size),
             kv_cache_dtype=cfg.kv_cache_dtype,
+            draft_model=self._draft_model(cfg),
         )
+
+    @staticmethod
+    def _draft_model(cfg: EngineConfig) -> "Llama | None":
+        spec = cfg.speculative_config
+        if spec is None or spec.draft_model is None:
+            return None
+        return load_draft_model(spec.draft_model, cfg.dtype, cfg.matmul_dtype)
 
     def _sim_runner(self, cfg: EngineConfig, cost_model) -> SimRunner:
         mcfg = self.model_config

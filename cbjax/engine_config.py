@@ -121,6 +121,9 @@ class EngineConfig:
             )
         if self.speculative_config is not None and self.runner == "sim":
             raise ValueError("speculative_config is not supported by the simulator (runner='sim') yet")
+        spec = self.speculative_config
+        if spec is not None and spec.method == "draft" and self.tensor_parallel_size > 1:
+            raise ValueError("speculative_config.method='draft' with tensor_parallel_size > 1 is not supported yet")
 
     @classmethod
     def from_options(cls, options: dict) -> "EngineConfig":

@@ -56,7 +56,8 @@ def get_config() -> ml_collections.ConfigDict:
     # Speculative decoding (docs/speculative.md), off while method is None:
     # --config.engine.speculative_config.method=ngram
     sd = e.speculative_config = ml_collections.ConfigDict()
-    sd.method = config_dict.placeholder(str)  # None (off) | ngram (prompt lookup)
+    sd.method = config_dict.placeholder(str)  # None (off) | ngram (prompt lookup) | draft (a draft model)
+    sd.draft_model = config_dict.placeholder(str)  # draft: its name or checkpoint directory, e.g. tinypy-draft
     sd.num_speculative_tokens = 4  # k: the most drafts a sequence verifies per step
     sd.prompt_lookup_min = 2  # ngram: shortest suffix n-gram matched
     sd.prompt_lookup_max = 4  # ngram: longest suffix n-gram matched (tried first)

@@ -1,6 +1,6 @@
 """Speculative decoding inside continuous batching: where it pays and where it hurts (docs/speculative.md).
 
-  python -m experiments.speculative [--batch_sizes=1,4,16,64] [--methods=off,ngram,adaptive,measured] [--repeats=3]
+  python -m experiments.speculative [--batch_sizes=1,4,16,64] [--methods=off,ngram,draft,adaptive,...] [--repeats=3]
 
 The packaged `tinypy` model completes Python code: each prompt is 160 tokens of a held-out standard-library file
 (every 50th file, the split the model was not trained on; experiments/train_tiny.py), cut at a line start; each
@@ -11,12 +11,17 @@ engine gets B slots and max(8, 2B) requests at once (offline); then an online ru
   ngram      prompt lookup, k = 4 drafts per sequence and step
   adaptive   prompt lookup, k by batch size: {"1-8": 4, "9-32": 2, "33-": 0}
   measured   prompt lookup, k from the measured acceptance and step cost (cbjax/core/draft_length.py)
+  draft      the packaged draft model (`tinypy-draft`), k = 4, proposing on the device in the verifying step
+  draft_adaptive  the draft model, k by batch size: {"1-8": 4, "9-32": 2, "33-": 0}
+  draft_k2   the draft model, k = 2
 
-Runs are interleaved (every method at every batch size, then again) and the medians of --repeats reported, with
-the ratios to `off` measured in the same sitting. Engines are built and warmed up before anything is timed.
-Also measures the n-gram proposer's cost per call on short and long contexts. Writes --output (JSON).
+Runs are interleaved (every method at a batch size, then again) and the medians of --repeats reported, with the
+ratios to `off` measured in the same sitting. Engines are built and warmed up before anything is timed.
+Also measures the n-gram proposer's cost per call on short and long contexts. "step ms": the median cost (device +
+host) of a plain decode step / of a verifying step. Writes --output (JSON).
 """
 
+import gc
 import json
 import os
 import statistics
@@ -28,7 +33,10 @@ import numpy as np
 from absl import app, flags
 
 flags.DEFINE_list("batch_sizes", ["1", "4", "16", "64"], "slots per engine (offline runs: max(8, 2x) requests)")
-flags.DEFINE_list("methods", ["off", "ngram", "adaptive", "measured"], "speculation settings (see the docstring)")
+flags.DEFINE_list(
+    "methods", ["off", "ngram", "draft", "adaptive", "draft_adaptive"], "speculation settings (see the docstring)"
+)
+flags.DEFINE_string("draft_model", "tinypy-draft", "the draft model of the draft methods")
 flags.DEFINE_integer("repeats", 3, "interleaved repeats; medians reported")
 flags.DEFINE_integer("prompt_len", 160, "prompt tokens")
 flags.DEFINE_integer("max_tokens", 64, "generated tokens per request")
@@ -85,11 +93,16 @@ def num_requests(batch_size: int) -> int:
 
 def spec_config(method: str):
     base = {"method": "ngram", "num_speculative_tokens": FLAGS.k, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    draft = {"method": "draft", "num_speculative_tokens": FLAGS.k, "draft_model": FLAGS.draft_model}
+    table = {"draft_length": "batch_size", "draft_length_table": BATCH_TABLE}
     return {
         "off": None,
         "ngram": base,
-        "adaptive": {**base, "draft_length": "batch_size", "draft_length_table": BATCH_TABLE},
+        "adaptive": {**base, **table},
         "measured": {**base, "draft_length": "measured"},
+        "draft": draft,
+        "draft_adaptive": {**draft, **table},
+        "draft_k2": {**draft, "num_speculative_tokens": 2},
     }[method]
 
 
@@ -136,8 +149,16 @@ def run_once(engine, wl) -> dict:
         acceptance_by_position=acceptance_by_position(result.steps),
         drafts_per_step=s["spec_drafts_per_step"],
         num_steps=s["num_steps"],
+        # What a step costs (device + host time of the step records, median ms), plain decode steps (one token
+        # per sequence) and verifying ones apart: where speculation's time goes.
+        plain_step_ms=_median_ms([r for r in result.steps if r.num_scheduled_tokens == r.num_scheduled_seqs > 0]),
+        verify_step_ms=_median_ms([r for r in result.steps if r.spec_draft_tokens]),
         outputs=result.output_token_ids,
     )
+
+
+def _median_ms(records) -> float:
+    return 1000 * statistics.median(r.device_s + r.host_s for r in records) if records else float("nan")
 
 
 def proposer_cost() -> dict:
@@ -169,6 +190,7 @@ def main(argv):
     del argv
     from cbjax.model.registry import packaged_model_path
     from cbjax.model.tokenizer import Tokenizer
+    from cbjax.runner.step_programs import clear_shared_programs
 
     tok = Tokenizer.from_dir(packaged_model_path(FLAGS.model))
     if FLAGS.write_workload:  # for compare_policies (configs/speculative.py): arrivals are drawn there
@@ -181,33 +203,39 @@ def main(argv):
     methods = list(FLAGS.methods)
     prompts = code_prompts(tok, max(num_requests(max(sizes)), FLAGS.online_requests), FLAGS.prompt_len)
     print(f"proposer cost (us per call by context length): {proposer_cost()}", flush=True)
-    engines = {}
-    t0 = time.perf_counter()
-    for b in sizes:
-        for m in methods:
-            engines[m, b] = build_engine(m, b)
-            engines[m, b].wait_until_warm()
     online = FLAGS.online_rate > 0
-    if online:
-        for m in methods:
-            engines[m, "online"] = build_engine(m, FLAGS.online_slots)
-            engines[m, "online"].wait_until_warm()
-    print(f"engines built and warm in {time.perf_counter() - t0:.0f} s", flush=True)
     arrivals = np.cumsum(np.random.default_rng(1).exponential(1 / max(FLAGS.online_rate, 1e-9), FLAGS.online_requests))
+    # One group of engines per slot count (the online run shares the engines of its slot count), built, warmed up,
+    # run --repeats times interleaved, then released with their programs: every batch size's programs alive at
+    # once (~180 with the draft model's) exhausted the process's memory maps in LLVM's JIT.
+    groups: dict = {}
+    for b in sizes:
+        groups.setdefault(b, []).append(b)
+    if online:
+        groups.setdefault(FLAGS.online_slots, []).append("online")
     runs: dict = {}
-    for rep in range(FLAGS.repeats):
-        for b in [*sizes, *(["online"] if online else [])]:
-            if b == "online":
-                wl = workload(prompts[: FLAGS.online_requests], arrivals - arrivals[0])
-            else:
-                wl = workload(prompts[: num_requests(b)], [0.0] * num_requests(b))
-            for m in methods:
-                r = run_once(engines[m, b], wl)
-                runs.setdefault((m, b), []).append(r)
-                print(
-                    f"rep {rep} batch {b} {m}: {r['output_tok_s']:.0f} tok/s, acc {r['acceptance_rate']:.2f}",
-                    flush=True,
-                )
+    for slots, runs_here in groups.items():
+        t0 = time.perf_counter()
+        engines = {m: build_engine(m, slots) for m in methods}
+        for engine in engines.values():
+            engine.wait_until_warm()
+        print(f"{slots} slots: engines built and warm in {time.perf_counter() - t0:.0f} s", flush=True)
+        for rep in range(FLAGS.repeats):
+            for b in runs_here:
+                if b == "online":
+                    wl = workload(prompts[: FLAGS.online_requests], arrivals - arrivals[0])
+                else:
+                    wl = workload(prompts[: num_requests(b)], [0.0] * num_requests(b))
+                for m in methods:
+                    r = run_once(engines[m], wl)
+                    runs.setdefault((m, b), []).append(r)
+                    print(
+                        f"rep {rep} batch {b} {m}: {r['output_tok_s']:.0f} tok/s, acc {r['acceptance_rate']:.2f}",
+                        flush=True,
+                    )
+        del engines
+        clear_shared_programs()
+        gc.collect()
     rows = []
     for b in [*sizes, *(["online"] if online else [])]:
         for m in methods:
@@ -224,7 +252,7 @@ def main(argv):
 
 
 def print_table(rows) -> None:
-    head = "batch  method    out tok/s  vs off  ITL p50 ms  TPOT p50 ms  accept  acc len  same out"
+    head = "batch  method          out tok/s  vs off  ITL p50 ms  TPOT p50 ms  accept  acc len  same out  step ms"
     print(head)
     for r in rows:
         acc = "-" if r["acceptance_rate"] != r["acceptance_rate"] else f"{r['acceptance_rate']:.0%}"
@@ -232,8 +260,9 @@ def print_table(rows) -> None:
             "-" if r["mean_acceptance_length"] != r["mean_acceptance_length"] else f"{r['mean_acceptance_length']:.2f}"
         )
         print(
-            f"{r['batch']!s:>5}  {r['method']:<8} {r['output_tok_s']:>10.0f}  {r['speedup']:>5.2f}x"
+            f"{r['batch']!s:>5}  {r['method']:<14} {r['output_tok_s']:>10.0f}  {r['speedup']:>5.2f}x"
             f"  {r['itl_ms_p50']:>10.2f}  {r['tpot_ms_p50']:>11.2f}  {acc:>6}  {alen:>7}  {r['same_outputs']!s:>8}"
+            f"  {r['plain_step_ms']:.2f} / {r['verify_step_ms']:.2f}"
         )
 
 

@@ -5,6 +5,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from cbjax import SamplingParams
 
@@ -54,6 +55,21 @@ def greedy_reference(model, prompts, max_tokens, width: int, quantize_kv: bool =
                 toks[i, lens[i]] = nxt[i]
                 lens[i] += 1
     return outs
+
+
+def noisy_copy(model, scale: float, seed: int):
+    """The model with Gaussian noise (`scale` times each matrix's spread) on its matrices: a draft that agrees
+    with the target often, not always."""
+    graphdef, state = nnx.split(model)
+    rng = np.random.default_rng(seed)
+
+    def perturb(x):
+        x = np.asarray(x)
+        if x.ndim < 2:
+            return jnp.asarray(x)
+        return jnp.asarray(x + scale * x.std() * rng.standard_normal(x.shape).astype(x.dtype))
+
+    return nnx.merge(graphdef, jax.tree.map(perturb, state))
 
 
 def parse_config(argv, config_file: str = "configs/compare_cpu.py"):

@@ -51,6 +51,26 @@ def workload(model):
     return reqs, ref
 
 
+def run_staggered(engine, reqs) -> dict[int, list[int]]:
+    """Greedy outputs by request index. Staggered arrivals (a step after every 4 requests): later requests join a
+    running batch and outrank running ones in some policies."""
+    got = {}
+    for i, r in enumerate(reqs):
+        engine.add_request(
+            str(i),
+            r["prompt"],
+            SamplingParams(max_tokens=r["max_tokens"], temperature=0.0, ignore_eos=True),
+            priority=r["priority"],
+            tenant=r["tenant"],
+            deadline=r["deadline"],
+        )
+        if i % 4 == 3:
+            got |= {int(o.request_id): o.outputs[0].token_ids for o in engine.step() if o.finished}
+    while engine.has_unfinished_requests():
+        got |= {int(o.request_id): o.outputs[0].token_ids for o in engine.step() if o.finished}
+    return got
+
+
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_every_policy_is_token_exact_under_preemption(model, workload, policy, mode):
@@ -65,27 +85,7 @@ def test_every_policy_is_token_exact_under_preemption(model, workload, policy, m
     )
     engine.wait_until_warm()
     compiles = engine.num_compiles
-    got = {}
-
-    def collect(outputs):
-        for out in outputs:
-            if out.finished:
-                got[int(out.request_id)] = out.outputs[0].token_ids
-
-    for i, r in enumerate(reqs):
-        # Staggered arrivals: later requests join a running batch and outrank running ones in some policies.
-        engine.add_request(
-            str(i),
-            r["prompt"],
-            SamplingParams(max_tokens=r["max_tokens"], temperature=0.0, ignore_eos=True),
-            priority=r["priority"],
-            tenant=r["tenant"],
-            deadline=r["deadline"],
-        )
-        if i % 4 == 3:
-            collect(engine.step())
-    while engine.has_unfinished_requests():
-        collect(engine.step())
+    got = run_staggered(engine, reqs)
     mismatches = [i for i in range(len(reqs)) if got.get(i) != ref[i]]
     assert not mismatches, (
         f"{policy}/{mode}: requests {mismatches} differ from the full-forward reference: "

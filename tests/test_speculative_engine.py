@@ -9,7 +9,7 @@ import pytest
 from cbjax import LLM, LLMEngine, SamplingParams
 from cbjax.bench.metrics import StepRecord, acceptance_by_position, step_summary
 from cbjax.core.policies import POLICIES
-from tests.test_policy_engine_exact import MAX_MODEL_LEN, OPTS, model, workload  # noqa: F401 (fixtures)
+from tests.test_policy_engine_exact import MAX_MODEL_LEN, OPTS, model, run_staggered, workload  # noqa: F401 (fixtures)
 
 K = 3
 SPEC = {"method": "ngram", "num_speculative_tokens": K}
@@ -61,30 +61,23 @@ def test_every_policy_is_token_exact_with_drafts_under_preemption(model, workloa
         enable_prefix_caching=True,
         **OPTS,
     )
+    check_exact_with_drafts_under_preemption(engine, reqs, ref, f"{policy}/{mode}")
+
+
+def check_exact_with_drafts_under_preemption(engine, reqs, ref, label: str) -> None:
+    """The workload's greedy outputs equal the reference; preemptions and prefix hits happened; drafts passed and
+    failed; nothing leaked or compiled after warmup; the step records add up to the speculator's tallies."""
     engine.wait_until_warm()
     compiles = engine.num_compiles
-    got = {}
-    for i, r in enumerate(reqs):
-        engine.add_request(
-            str(i),
-            r["prompt"],
-            SamplingParams(max_tokens=r["max_tokens"], temperature=0.0, ignore_eos=True),
-            priority=r["priority"],
-            tenant=r["tenant"],
-            deadline=r["deadline"],
-        )
-        if i % 4 == 3:
-            got |= {int(o.request_id): o.outputs[0].token_ids for o in engine.step() if o.finished}
-    while engine.has_unfinished_requests():
-        got |= {int(o.request_id): o.outputs[0].token_ids for o in engine.step() if o.finished}
+    got = run_staggered(engine, reqs)
     mismatches = [i for i in range(len(reqs)) if got.get(i) != ref[i]]
     shown = [(got.get(i), ref[i]) for i in mismatches[:2]]
-    assert not mismatches, f"{policy}/{mode}: requests {mismatches} differ: {shown}"
+    assert not mismatches, f"{label}: requests {mismatches} differ: {shown}"
     check_clean(engine, compiles)
     sched, spec = engine.scheduler, engine.scheduler.speculator
     assert sched.num_preemptions > 0, "the small pool was meant to force preemption"
     assert sched.pool.hit_tokens > 0, "the shared prefixes were meant to hit the cache"
-    assert 0 < spec.num_accepted_tokens < spec.num_draft_tokens
+    assert 0 < spec.num_accepted_tokens < spec.num_draft_tokens, "drafts were meant to pass and fail"
     steps = engine.step_records
     assert sum(s["spec_draft_tokens"] for s in steps) == spec.num_draft_tokens
     assert sum(s["spec_accepted_tokens"] for s in steps) == spec.num_accepted_tokens

@@ -1,10 +1,13 @@
 """Sampled outputs keep their distribution under speculation: a statistical test on the engine that passes with
-the right acceptance rules and fails with a wrong one (so it can fail).
+the right acceptance rules and fails with a wrong one (so it can fail), for one-hot drafts (n-gram) and for a
+draft model's sampled drafts (the general rejection rule).
 
 One prompt, 1500 seeds, temperature 2 and top-k 3 (27 possible 3-token outputs). Each request samples t1 at its
 prefill; its first decode verifies one draft (the second most likely token after t1: accepted about a third of the
 time) and samples t3 as the bonus token when the draft passes. The outputs' empirical joint distribution is
-compared with the exact one, computed from the model's own probabilities, by a chi-square test.
+compared with the exact one, computed from the model's own probabilities, by a chi-square test. With a draft
+model (the target with noise on its weights, so q is near p but not p) the first decode's draft is the draft's own
+sample of t2 from q, verified by min(1, p/q) with the residual max(p - q, 0) on rejection.
 """
 
 import dataclasses
@@ -18,8 +21,9 @@ import pytest
 
 from cbjax import LLMEngine, SamplingParams
 from cbjax.model import get_model_config, init_model
-from cbjax.runner.acceptance import SampleAndMatch
+from cbjax.runner.acceptance import RejectionSampling, SampleAndMatch
 from cbjax.runner.sampler import _filter_top_k_top_p, sample
+from tests.helpers import noisy_copy
 
 TEMPERATURE, TOP_K, N = 2.0, 3, 1500
 PROMPT = [5, 17, 99, 3, 250, 41, 7, 300]
@@ -72,6 +76,18 @@ class ForgetsToRemoveTheDraft(_RuleInTests):
         return sample(logits, temperature, top_k, top_p, seeds, counters), accepted
 
 
+@dataclasses.dataclass(frozen=True, repr=False)
+class ResamplesFromP(_RuleInTests):
+    """The general rule's classic bug: accept x with probability min(1, p(x)/q(x)), but on rejection draw from p
+    instead of the residual max(p - q, 0). Right for a one-hot q far from p, wrong for a q near p."""
+
+    uses_draft_probs = True
+
+    def __call__(self, logits, drafts, temperature, top_k, top_p, seeds, counters, draft_probs):
+        _, accepted = RejectionSampling()(logits, drafts, temperature, top_k, top_p, seeds, counters, draft_probs)
+        return sample(logits, temperature, top_k, top_p, seeds, counters), accepted
+
+
 class TableProposer:
     def __init__(self, table):
         self.table = table
@@ -100,11 +116,14 @@ def setup():
     return model, exact, drafts
 
 
-def chi_square(model, exact, drafts, rule, speculate=True):
+def chi_square(model, exact, drafts, rule, speculate=True, draft_model=None):
     spec = {"method": "ngram", "num_speculative_tokens": 1} if speculate else None
+    if draft_model is not None:
+        spec = {"method": "draft", "draft_model": draft_model, "num_speculative_tokens": 1}
     engine = LLMEngine(model, speculative_config=spec, warmup="none", **OPTS)
     if speculate:
-        engine.scheduler.speculator.proposer = TableProposer(drafts)
+        if draft_model is None:
+            engine.scheduler.speculator.proposer = TableProposer(drafts)
         if rule is not None:  # a test seam: the step's acceptance rule (a static argument of its program)
             engine.runner.speculation = dataclasses.replace(engine.runner.speculation, rule=rule)
     for i in range(N):
@@ -146,4 +165,32 @@ def test_right_acceptance_rules_keep_the_distribution(setup, rule):
 def test_a_wrong_acceptance_rule_fails_the_test(setup):
     model, exact, drafts = setup
     stat, acceptance = chi_square(model, exact, drafts, ForgetsToRemoveTheDraft())
+    assert stat > CHI2_LIMIT, f"the wrong rule went unnoticed (chi-square {stat:.1f}, acceptance {acceptance:.2f})"
+
+
+@pytest.fixture(scope="module")
+def draft_model(setup):
+    return noisy_copy(setup[0], 0.05, seed=2)
+
+
+@pytest.mark.parametrize("rule", [None, SampleAndMatch()], ids=["rejection_sampling", "sample_and_match"])
+def test_a_draft_models_drafts_keep_the_distribution(setup, draft_model, rule):
+    """The engine's default rule for a draft model (RejectionSampling), and sample-and-match (also right: its
+    output is always a sample of p, whatever q; it only accepts less often)."""
+    model, exact, _ = setup
+    stat, acceptance = chi_square(model, exact, None, rule, draft_model=draft_model)
+    assert 0.2 < acceptance < 0.95, "the draft was meant to be near the target, not equal"
+    assert stat < CHI2_LIMIT
+
+
+def test_rejection_sampling_accepts_more_than_sample_and_match(setup, draft_model):
+    model, exact, _ = setup
+    _, general = chi_square(model, exact, None, None, draft_model=draft_model)
+    _, matching = chi_square(model, exact, None, SampleAndMatch(), draft_model=draft_model)
+    assert general > matching + 0.05
+
+
+def test_a_wrong_rule_for_a_draft_model_fails_the_test(setup, draft_model):
+    model, exact, _ = setup
+    stat, acceptance = chi_square(model, exact, None, ResamplesFromP(), draft_model=draft_model)
     assert stat > CHI2_LIMIT, f"the wrong rule went unnoticed (chi-square {stat:.1f}, acceptance {acceptance:.2f})"

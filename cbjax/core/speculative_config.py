@@ -19,11 +19,13 @@ DRAFT_LENGTH_RULES = ("fixed", "batch_size", "measured")
 
 @dataclasses.dataclass(frozen=True)
 class SpeculativeConfig:
-    method: str = "ngram"  # ngram: prompt lookup on the host | draft: a small draft model (not implemented yet)
+    method: str = "ngram"  # ngram: prompt lookup on the host | draft: a small draft model, proposing on the device
     num_speculative_tokens: int = 4  # k: the most draft tokens per sequence and step
     prompt_lookup_min: int = 2  # ngram: the shortest suffix n-gram matched against the context
     prompt_lookup_max: int = 4  # ngram: the longest (tried first)
-    draft_model: str | None = None  # draft: the draft model's name or checkpoint (same tokenizer as the target)
+    # draft: the draft model's name or checkpoint directory (same vocabulary and tokenizer as the target), or a
+    # built cbjax.model.Llama.
+    draft_model: object = None
     # How many drafts a step uses: "fixed" (always k), "batch_size" (draft_length_table by running sequences),
     # "measured" (from acceptance and step timings measured during the run).
     draft_length: str = "fixed"
@@ -47,12 +49,13 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config.draft_length_table is for draft_length='batch_size', not {rule!r}")
         draft = self.draft_model
         if method == "draft":
-            draft = check.text("speculative_config.draft_model", draft)
-            # Honest refusal: the option is recognised and checked, but no draft-model proposer exists yet.
-            raise ValueError(
-                "speculative_config.method='draft' (a draft model) is not implemented yet; use method='ngram'"
-            )
-        if draft is not None:
+            if draft is None:
+                raise ValueError("speculative_config.method='draft' needs draft_model (e.g. 'tinypy-draft')")
+            if isinstance(draft, str):
+                draft = check.text("speculative_config.draft_model", draft)
+            elif not hasattr(draft, "cfg"):  # a built model (cbjax.model.Llama) is taken as is, like `model=`
+                raise ValueError(f"speculative_config.draft_model must be a model name or path, got {draft!r}")
+        elif draft is not None:
             raise ValueError("speculative_config.draft_model is for method='draft'")
         for name, value in dict(
             method=method,
@@ -82,6 +85,8 @@ class SpeculativeConfig:
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
+        if self.draft_model is not None and not isinstance(self.draft_model, str):
+            d["draft_model"] = repr(self.draft_model.cfg)  # a built model: its config names it in a manifest
         if self.draft_length_table is not None:
             d["draft_length_table"] = {_range_name(lo, hi): k for lo, hi, k in self.draft_length_table}
         return d

@@ -19,7 +19,10 @@ class Speculator:
         self.max_drafts = config.num_speculative_tokens
         self.rule = rule if rule is not None else make_draft_length_rule(config)
         # Anything with propose(context, k) -> list[int] (tests plug in their own).
-        self.proposer = proposer or NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+        if proposer is None:
+            ngram = config.method == "ngram"
+            proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max) if ngram else DeviceDrafts()
+        self.proposer = proposer
         self.step_drafts = 0  # k for the step being scheduled
         # Cumulative tallies: drafts proposed and accepted, and both by draft position (index 0 = first draft).
         self.num_draft_tokens = 0
@@ -47,7 +50,10 @@ class Speculator:
     def drafts(self, req: Request, limit: int) -> list[int]:
         """Up to min(step's k, limit) draft tokens continuing `req`'s context (every token of it known)."""
         k = min(self.step_drafts, limit)
-        return self.proposer.propose(context_array(req), k) if k > 0 else []
+        if k <= 0:
+            return []
+        context = context_array(req) if getattr(self.proposer, "needs_context", True) else None
+        return self.proposer.propose(context, k)
 
     def record(self, num_drafts: int, num_accepted: int) -> None:
         self.num_draft_tokens += num_drafts
@@ -85,6 +91,18 @@ class Speculator:
     @property
     def acceptance_rate(self) -> float:
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+
+class DeviceDrafts:
+    """A draft model's drafts are proposed on the device, inside the verifying step (cbjax/runner/
+    draft_proposals.py): the scheduler only reserves their positions (budget, pages) with placeholders, and the
+    step returns the accepted drafts' values with its sampled token."""
+
+    PLACEHOLDER = 0
+    needs_context = False
+
+    def propose(self, context, k: int) -> list[int]:
+        return [self.PLACEHOLDER] * k
 
 
 def context_array(req: Request) -> np.ndarray:

@@ -262,6 +262,17 @@ def kv_cache_dtype(cfg: ModelConfig, kv_cache_dtype: str | None = "auto") -> jnp
     return jnp.dtype(cfg.dtype if kv_cache_dtype in (None, "auto") else kv_cache_dtype)
 
 
+def kv_cache_arrays(cfg: ModelConfig, num_pages: int, page_size: int, kv_cache_dtype_name: str | None = "auto"):
+    """(shape, dtype) of each array of one layer's paged cache: K and V pages [K, num_pages, G, H], and for int8
+    pages their float32 scales [K, num_pages, G, 1] (kernels_pallas/kv_quant.py)."""
+    shape = (cfg.num_kv_heads, num_pages, page_size, cfg.dim_per_head)
+    dt = kv_cache_dtype(cfg, kv_cache_dtype_name)
+    arrays = [(shape, dt), (shape, dt)]
+    if dt == jnp.int8:
+        arrays += [(shape[:3] + (1,), jnp.dtype(jnp.float32))] * 2
+    return arrays
+
+
 def kv_cache_bytes_per_page(cfg: ModelConfig, page_size: int, kv_cache_dtype_name: str | None = "auto") -> int:
     """Bytes of one KV page over every layer: K and V, plus an int8 cache's float32 scale per token and kv head."""
     dt = kv_cache_dtype(cfg, kv_cache_dtype_name)

@@ -11,45 +11,21 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from cbjax.core.scheduler_output import SchedulerOutput
-from cbjax.model.llama import AttentionMetadata, Llama
+from cbjax.model.llama import AttentionMetadata, Llama, kv_cache_arrays
 from cbjax.model.llama import kv_cache_dtype as kv_cache_dtype_of
 from cbjax.runner import kv_swap, sharding
 from cbjax.runner.compile_counter import CompileCounter
+from cbjax.runner.draft_proposals import propose_drafts, row_draft_probs, with_drafts
+from cbjax.runner.draft_runner import DraftRunner
 from cbjax.runner.program_cache import ProgramCache
 from cbjax.runner.sampler import sample
+from cbjax.runner.static_arg import intern
 from cbjax.runner.step_input import BucketTable, StepInput, empty_step_input, pack_step
 from cbjax.runner.step_programs import StepPrograms
 from cbjax.runner.verify import head_and_verify
 from kernels_pallas.xla_attention import resolve_decode_impl
 
 WARMUP_MODES = ("full", "background", "none")
-
-
-class _Static:
-    """A static jit argument with a precomputed hash and identity equality.
-
-    jit hashes its static arguments on every call; hashing an NNX GraphDef walks the whole module tree (~3 ms a
-    step measured on llama-tiny). Interned instances (one per distinct graphdef, see `_intern`) hash once, and
-    runners of identical models still share compiled programs.
-    """
-
-    __slots__ = ("_hash", "value")
-
-    def __init__(self, value):
-        self.value, self._hash = value, hash(value)
-
-    def __hash__(self):
-        return self._hash
-
-    def __eq__(self, other):
-        return self is other
-
-
-_INTERNED: dict = {}
-
-
-def _intern(value) -> _Static:
-    return _INTERNED.setdefault(value, _Static(value))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,38 +38,52 @@ class Speculation:
 
 @functools.partial(
     jax.jit,
-    static_argnames=("graphdef", "backend", "interpret", "mesh", "speculation"),
-    donate_argnames=("kv_caches",),
+    static_argnames=("graphdef", "backend", "interpret", "mesh", "speculation", "draft_graphdef"),
+    donate_argnames=("kv_caches", "draft_kv"),
 )
 def _step(
     params,
     kv_caches,
     inp: StepInput,
     prev_tokens,
+    draft_params=None,
+    draft_kv=None,
     *,
     graphdef,
     backend: str,
     interpret: bool,
     mesh=None,
     speculation=None,
+    draft_graphdef=None,
 ):
     """params: the model state's leaves; graphdef: interned (GraphDef, state treedef); prev_tokens: the previous
     step's sampled tokens [max_num_seqs], still on the device. Returns this step's, padded the same way.
     With `speculation`: tokens are [max_num_seqs, K + 2] per slot (cbjax/runner/verify.py); column 0 feeds the
-    pending tokens of the next step."""
+    pending tokens of the next step. With a draft model too (`draft_graphdef`, its params and KV): the drafts are
+    proposed here first (draft_proposals.py) and the draft's KV comes back as a third output."""
     module_def, treedef = graphdef.value
     model = nnx.merge(module_def, jax.tree.unflatten(treedef, params))
     token_ids = jnp.where(inp.token_src >= 0, prev_tokens[jnp.maximum(inp.token_src, 0)], inp.token_ids)
+    draft_probs = None
+    if draft_graphdef is not None:
+        draft_def, draft_treedef = draft_graphdef.value
+        draft = nnx.merge(draft_def, jax.tree.unflatten(draft_treedef, draft_params))
+        G = kv_caches[0][0].shape[2]
+        drafts, probs, draft_kv = propose_drafts(
+            draft, draft_kv, token_ids, inp, speculation.max_drafts, G, backend, interpret
+        )
+        token_ids = with_drafts(token_ids, inp, drafts)
+        draft_probs = functools.partial(row_draft_probs, inp, probs)
     md = AttentionMetadata(inp.slot_mapping, inp.kv_lens, inp.page_indices, inp.cu_q_lens, inp.num_seqs)
     hidden, kv_caches = model(token_ids, inp.positions, kv_caches, md, backend, interpret, mesh)
     if speculation is None:
         tokens = _head_and_sample(model, hidden, inp)
     else:
-        tokens = head_and_verify(model, hidden, inp, speculation.rule, speculation.max_drafts)
+        tokens = head_and_verify(model, hidden, inp, token_ids, speculation.rule, speculation.max_drafts, draft_probs)
     tokens = jnp.zeros((prev_tokens.shape[0], *tokens.shape[1:]), jnp.int32).at[: tokens.shape[0]].set(tokens)
     if mesh is not None:  # every device (and every process) holds all of them: the host reads its own copy
         tokens = jax.lax.with_sharding_constraint(tokens, NamedSharding(mesh, PartitionSpec()))
-    return tokens, kv_caches
+    return (tokens, kv_caches) if draft_graphdef is None else (tokens, kv_caches, draft_kv)
 
 
 # A step's S slots follow its token bucket (S = min(T, max_num_seqs)), but a big prefill step holds few sequences:
@@ -159,9 +149,12 @@ class ModelRunner:
         mesh: "jax.sharding.Mesh | None" = None,
         kv_cache_dtype: str = "auto",
         acceptance=None,
+        draft_model: Llama | None = None,
     ):
         """`kv_cache_dtype`: the KV pages' dtype ("auto": the model's; "int8": kernels_pallas/kv_quant.py).
-        `acceptance`: the rule verifying drafts (cbjax/runner/acceptance.py) when buckets.max_draft_tokens > 0."""
+        `acceptance`: the rule verifying drafts (cbjax/runner/acceptance.py) when buckets.max_draft_tokens > 0.
+        `draft_model`: drafts come from this model, proposed on the device in each verifying step
+        (draft_runner.py, draft_proposals.py); None: from the scheduler's proposer (n-gram)."""
         cfg = model.cfg
         # The device this runner's parameters, KV pages and programs live on (None: jax's default). Replicas of a
         # data-parallel engine each get their own. Or a ("data", "model") mesh: tensor parallelism (sharding.py).
@@ -182,26 +175,26 @@ class ModelRunner:
             self.params = sharding.place_params(leaves_with_paths, mesh)
         else:
             self.params = put([leaf for _, leaf in leaves_with_paths])
-        self.graphdef = _intern((graphdef, treedef))
+        self.graphdef = intern((graphdef, treedef))
         self.buckets = buckets
         K = buckets.max_draft_tokens
         if K:
-            from cbjax.runner.acceptance import SampleAndMatch
+            from cbjax.runner.acceptance import RejectionSampling, SampleAndMatch
 
-            self.speculation = Speculation(K, acceptance if acceptance is not None else SampleAndMatch())
+            default = SampleAndMatch() if draft_model is None else RejectionSampling()
+            self.speculation = Speculation(K, acceptance if acceptance is not None else default)
         else:
             self.speculation = None
+        if draft_model is not None and (not K or mesh is not None):
+            raise ValueError("a draft model needs speculation (max_draft_tokens > 0) and no tensor parallelism")
         self.page_size = page_size
         self.num_pages = num_pages
         self.pad_page = num_pages
         self.backend = backend
         self.interpret = interpret
-        shape = (cfg.num_kv_heads, num_pages + 1, page_size, cfg.dim_per_head)
         dt = kv_cache_dtype_of(cfg, kv_cache_dtype)
         # Per layer (k_pages, v_pages), and for int8 pages their scales [K, P+1, G, 1] too (kernels_pallas/kv_quant.py).
-        arrays = [(shape, dt), (shape, dt)]
-        if dt == jnp.int8:
-            arrays += [(shape[:3] + (1,), jnp.dtype(jnp.float32))] * 2
+        arrays = kv_cache_arrays(cfg, num_pages + 1, page_size, kv_cache_dtype)
         if mesh is not None:
             kv_sharding = NamedSharding(mesh, sharding.kv_spec(cfg.num_kv_heads, mesh))
             zeros = lambda shape, dt: sharding.zeros_global(shape, dt, kv_sharding)
@@ -236,6 +229,22 @@ class ModelRunner:
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding if placed else None),
             (self.params, self.kv_caches),
         )
+        self.draft = None
+        if draft_model is not None:
+            decode = resolve_decode_impl() if backend == "xla" else None
+            self.draft = DraftRunner(
+                draft_model,
+                num_pages=num_pages,
+                page_size=page_size,
+                buckets=buckets,
+                backend=backend,
+                interpret=interpret,
+                kv_cache_dtype=kv_cache_dtype,
+                put=put,
+                device=device,
+                decode_impl=decode,
+                compiles=self.compiles,
+            )
         self.programs = StepPrograms(buckets.token_buckets, self._build_program, self._program_key, self.compiles)
         # Speculation: a second program per bucket for the steps that verify drafts; a step without drafts (k = 0
         # from an adaptive rule, or no proposal) runs the plain program and costs what it costs without speculation.
@@ -267,7 +276,13 @@ class ModelRunner:
         if self._global_inputs:
             replicated = NamedSharding(self.mesh, PartitionSpec())
             inp = jax.tree.map(lambda a: sharding.put_global(a, replicated), inp)
-        tokens, self.kv_caches = program(self.params, self.kv_caches, inp, self._prev_tokens)
+        if verify and self.draft is not None:
+            d = self.draft
+            tokens, self.kv_caches, d.kv_caches = program(
+                self.params, self.kv_caches, inp, self._prev_tokens, d.params, d.kv_caches
+            )
+        else:
+            tokens, self.kv_caches = program(self.params, self.kv_caches, inp, self._prev_tokens)
         return tokens
 
     def _program_key(self, T: int, verify: bool = False) -> tuple:
@@ -288,6 +303,7 @@ class ModelRunner:
             b.pages_per_seq,
             b.max_num_seqs,
             self.speculation if verify else None,
+            self.draft.key() if verify and self.draft is not None else None,
         )
 
     def _build_program(self, T: int, verify: bool = False):
@@ -300,23 +316,27 @@ class ModelRunner:
         prev = jax.ShapeDtypeStruct(
             (b.max_num_seqs,), jnp.int32, sharding=self._prev_tokens.sharding if placed else None
         )
-        trees = jax.tree.structure(((params, kv_caches, inp, prev), {})), jax.tree.structure((prev, kv_caches))
-        description = ("step", repr(self.cfg), self._program_key(T, verify)[1:])
+        args, outs = (params, kv_caches, inp, prev), (prev, kv_caches)
+        drafting = verify and self.draft is not None
+        if drafting:  # the draft's params and KV follow (see _step)
+            args, outs = args + self.draft.avals, outs + (self.draft.avals[1],)
+        trees = jax.tree.structure((args, {})), jax.tree.structure(outs)
+        # (The draft's part of the key holds its interned graphdef, whose repr is not stable across processes.)
+        draft = (repr(self.draft.cfg), self.draft.key()[1]) if drafting else None
+        description = ("step", repr(self.cfg), self._program_key(T, verify)[1:-1], draft)
         if self.program_cache is not None:
             program = self.program_cache.load(description, *trees, device=self.device)
             if program is not None:
                 self.compiles.count_loaded()
                 return program
         lowered = _step.lower(
-            params,
-            kv_caches,
-            inp,
-            prev,
+            *args,
             graphdef=self.graphdef,
             backend=self.backend,
             interpret=self.interpret,
             mesh=self.mesh,
             speculation=self.speculation if verify else None,
+            draft_graphdef=self.draft.graphdef if drafting else None,
         )
         fresh = CompileCounter()
         with fresh.counting():
@@ -371,6 +391,8 @@ class ModelRunner:
         is scheduled), which runs asynchronously. A pending token of a request (sampled by the previously
         dispatched step) is fed in on the device."""
         handle = StepHandle(out, None, [])
+        if self.draft is not None:  # (its catch-up prefills run before the step's program, on the device's queue)
+            self.draft.before_step(out, self.speculation is not None and out.num_draft_tokens > 0)
         if out.swap_out or out.swap_in:
             handle.swap_s, handle.swap_out_bytes, handle.swap_in_bytes = self.swap(out.swap_out, out.swap_in)
         if out.seqs:
@@ -402,7 +424,8 @@ class ModelRunner:
 
     @property
     def _program_families(self) -> list[StepPrograms]:
-        return [self.programs] + ([self.verify_programs] if self.verify_programs is not None else [])
+        families = [self.programs] + ([self.verify_programs] if self.verify_programs is not None else [])
+        return families + ([self.draft.prefill_programs] if self.draft is not None else [])
 
     def wait_for_programs(self) -> None:
         """Until every step program (of every family) is built."""

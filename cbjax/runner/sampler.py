@@ -42,19 +42,36 @@ def _filter_top_k_top_p(x, top_k, top_p):
     return jnp.where(x < threshold, -jnp.inf, x)
 
 
+def sampling_logits(logits, temperature, top_k, top_p):
+    """logits [B, V] -> the logits a sampled row draws from: divided by its temperature (1 where greedy), -inf
+    outside its top-k and top-p nucleus. softmax of it is the row's sampling distribution."""
+    t = jnp.where(temperature > 0, temperature, 1.0)
+    x = logits / t[:, None]
+    needs_filter = jnp.any((top_k > 0) | (top_p < 1.0))
+    return jax.lax.cond(needs_filter, lambda: _filter_top_k_top_p(x, top_k, top_p), lambda: x)
+
+
+def row_keys(seeds, counters, stream: int = 0):
+    """One PRNG key per row from (request seed, output index) alone; `stream` > 0 gives independent keys for the
+    same token (speculative decoding's draft sample and acceptance draw, cbjax/runner/acceptance.py)."""
+    keys = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(seeds, counters)
+    return keys if stream == 0 else jax.vmap(lambda k: jax.random.fold_in(k, stream))(keys)
+
+
+def gumbel_argmax(x, keys):
+    """A sample of softmax(x) per row (x [B, V], -inf: excluded) by the Gumbel-max trick."""
+    gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (x.shape[-1],), jnp.float32))(keys)
+    return argmax_last(x + gumbel)
+
+
 def sample(logits, temperature, top_k, top_p, seeds, counters):
     """logits [B, V] float32; temperature, top_p [B] f32; top_k [B] i32 (<= 0: off); seeds [B] u32;
     counters [B] i32 (how many tokens the request has generated) -> tokens [B] int32."""
     greedy = argmax_last(logits)
 
     def stochastic():
-        t = jnp.where(temperature > 0, temperature, 1.0)
-        x = logits / t[:, None]
-        needs_filter = jnp.any((top_k > 0) | (top_p < 1.0))
-        x = jax.lax.cond(needs_filter, lambda: _filter_top_k_top_p(x, top_k, top_p), lambda: x)
-        keys = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(seeds, counters)
-        gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (logits.shape[-1],), jnp.float32))(keys)
-        return argmax_last(x + gumbel)
+        x = sampling_logits(logits, temperature, top_k, top_p)
+        return gumbel_argmax(x, row_keys(seeds, counters))
 
     sampled = jax.lax.cond(jnp.all(temperature == 0), lambda: greedy, stochastic)
     return jnp.where(temperature == 0, greedy, sampled)

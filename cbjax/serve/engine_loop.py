@@ -276,6 +276,9 @@ class EngineLoop:
         m.pages_used.set(sched.pool.num_used)
         m.preemptions.set(sched.num_preemptions)
         m.steps.set(self.engine.num_steps)
+        if sched.speculator is not None:
+            m.spec_draft_tokens.set(sched.speculator.num_draft_tokens)
+            m.spec_accepted_tokens.set(sched.speculator.num_accepted_tokens)
         with self._lock:
             self._num_waiting = len(sched.waiting)
             self._free_slots = max(0, self.engine.config.max_num_seqs - len(sched.running))

@@ -31,6 +31,9 @@ class ServerMetrics:
         self.pages_total = gauge("cbjax_kv_pages_total", "KV cache pages in the pool.")
         self.preemptions = gauge("cbjax_num_preemptions", "Preemptions since the engine started.")
         self.steps = gauge("cbjax_engine_steps", "Engine steps dispatched since start.")
+        # Speculative decoding (0 while off): vLLM's acceptance rate is accepted / draft tokens.
+        self.spec_draft_tokens = gauge("cbjax_spec_draft_tokens", "Draft tokens verified since start.")
+        self.spec_accepted_tokens = gauge("cbjax_spec_accepted_tokens", "Draft tokens accepted since start.")
         self.ttft = hist("cbjax_time_to_first_token_seconds", "Arrival at the server to first token.")
         self.itl = hist("cbjax_inter_token_latency_seconds", "Gap between consecutive tokens of a request.")
         self.e2e = hist("cbjax_e2e_request_latency_seconds", "Arrival at the server to the last token.")

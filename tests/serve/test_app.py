@@ -100,6 +100,8 @@ def test_models_health_and_metrics(server, client):
         "cbjax_time_to_first_token_seconds_bucket",
         "cbjax_inter_token_latency_seconds_bucket",
         "cbjax_e2e_request_latency_seconds_bucket",
+        "cbjax_spec_draft_tokens",
+        "cbjax_spec_accepted_tokens",
     ):
         assert name in text, name
     assert metric(server.url, "cbjax_kv_pages_total") == ENGINE["num_pages"]

@@ -320,7 +320,8 @@ class LLMEngine:
             self._in_flight.append((handle, {k: v - before[k] for k, v in self._counters().items()}))
             self.num_steps += 1
         # A step that verifies drafts is received at once: how far its sequences advance is known only then.
-        keep = 1 if self.config.async_scheduling and dispatched and not out.num_draft_tokens else 0
+        drafts = spec is not None and out.num_draft_tokens  # (a sum over the step's sequences: only with drafts)
+        keep = 1 if self.config.async_scheduling and dispatched and not drafts else 0
         changed += self._receive(keep, t0)
         if not self.stream_outputs:  # building an output per token was ~10% of a simulated run's time
             changed = [r for r in changed if r.status is RequestStatus.FINISHED]

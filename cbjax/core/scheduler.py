@@ -114,7 +114,7 @@ class Scheduler:
         if self.policy.admits_whole_batch:
             self._admit_batch(step)
         ranking = self._rank(self.running, now)
-        preempted = step.preempted
+        preempted, max_len = step.preempted, self.config.max_model_len
         for req, lower in visits(ranking, step):
             if step.budget <= 0:
                 break
@@ -122,7 +122,7 @@ class Scheduler:
             if (
                 id(req) in preempted
                 or (waiting and not step.may_admit)
-                or (req.num_pending_tokens > 0 and req.pending_is_final(self.config.max_model_len))
+                or (req.num_pending_tokens > 0 and req.pending_is_final(max_len))
             ):
                 continue
             if req.pages and self.speculator is None and self._extend(req, step):
@@ -283,7 +283,7 @@ class Scheduler:
             if self._window is not None:  # what it holds at most once decoding, not what it passes through
                 lifetime = min(lifetime, pages_for(self._window, G) + 1)
             total = max(total, lifetime)
-        revived = sum(1 for p in hits if self.pool.refcount(p) == 0)
+        revived = self.pool.num_unreferenced(hits)
         swapped_in = len(req.host_pages) if not req.pages else 0
         return _Placement(computed, n, hits, max(0, total - have), revived, swapped_in, drafts)
 
@@ -383,7 +383,7 @@ class Scheduler:
         request may have been preempted since (it still receives its token) or have a newer pending token (dropped
         if this one stops it)."""
         changed = []
-        caching = self.pool.enable_caching
+        caching, G, max_len = self.pool.enable_caching, self.config.page_size, self.config.max_model_len
         for seq, token in zip(out.seqs, sampled):
             req = seq.request
             if req.status is RequestStatus.FINISHED:
@@ -401,11 +401,11 @@ class Scheduler:
             if (
                 caching
                 and req.status is RequestStatus.RUNNING
-                and req.num_computed_tokens // self.config.page_size > req.num_registered_pages
+                and req.num_computed_tokens // G > req.num_registered_pages
             ):
                 self._register_full_pages(req)
             if seq.samples_token:
-                reason = req.stop_reason(i, eos_token_id, self.config.max_model_len)
+                reason = req.stop_reason(i, eos_token_id, max_len)
                 if reason is not None:
                     req.drop_outputs_after(i)
                     (self.running if req.status is RequestStatus.RUNNING else self.waiting).remove(req)

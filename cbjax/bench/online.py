@@ -397,7 +397,7 @@ def run_online(
     run.t0 = engine.clock.now()
     wall0 = time.perf_counter()
     interrupted = cut = False
-    with _gc_frozen():
+    with _gc_frozen() as frozen:
         try:
             cut = run.loop()
             if cut:
@@ -407,6 +407,8 @@ def run_online(
             run.abort_rest()
         finally:
             engine.after_execute = None
+        if frozen:
+            gc.freeze()  # and what the run made: the records' collections walk only the records
         steps = [StepRecord(**{**s, "time": s["time"] - run.t0}) for s in engine.step_records[first_step:]]
         outputs = {
             rid: list(out.outputs[0].token_ids)
@@ -427,12 +429,13 @@ def run_online(
 def _gc_frozen():
     """What exists before a run (the imported libraries, the workload, the engine) is not the run's garbage: frozen
     (gc.freeze), the cyclic collector's full passes walk only the objects the run makes. Walking everything took
-    ~10% of a simulated run. Nothing is frozen when the caller froze objects itself (unfreezing would undo it)."""
+    ~10% of a simulated run. Yields whether it froze: not when the caller froze objects itself (unfreezing would
+    undo that)."""
     if gc.get_freeze_count():
-        yield
+        yield False
         return
     gc.freeze()
     try:
-        yield
+        yield True
     finally:
         gc.unfreeze()

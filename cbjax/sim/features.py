@@ -48,15 +48,16 @@ def step_features(out: SchedulerOutput, padded_tokens: int, bytes_per_page: int)
         n, c = s.num_new_tokens, s.num_computed_tokens
         if n == 1:
             decode += 1
+            pairs += c + 1.0  # n * (c + (n + 1) / 2), exactly, for n = 1
         else:
             prefill += n
+            pairs += n * (c + (n + 1) / 2)
         ctx = c + n
         sum_ctx += ctx
         if ctx > max_ctx:
             max_ctx = ctx
         if s.samples_token:
             sampling += 1
-        pairs += n * (c + (n + 1) / 2)
     return StepFeatures(
         padded_tokens=padded_tokens,
         num_tokens=decode + prefill,

@@ -135,6 +135,7 @@ class Scheduler:
             place = self._make_room(req, place, ranking.running, lower, step)
             if place is not None:
                 self._commit(req, place, step)
+        self.waiting.release()  # the ranking, which read the queue's snapshot, is done with
         if self.host_pool is not None:
             self.host_pool.free(step.host_frees)
         step.out.num_batched_tokens = self.config.max_num_batched_tokens - step.budget

@@ -18,7 +18,7 @@ class WaitingQueue:
     """Waiting requests, in joining order or sorted by `key` (fixed while a request waits; `rekey` when the
     policy changes it). Iterates in that order; `remove` and membership are by identity."""
 
-    __slots__ = ("_key", "_keys", "_lent", "_requests", "_seq", "_slot")
+    __slots__ = ("_gone", "_key", "_keys", "_lent", "_requests", "_seq", "_slot")
 
     def __init__(self, key: Callable[[Request], Any] | None = None):
         self._key = key
@@ -26,7 +26,10 @@ class WaitingQueue:
         self._keys: list[tuple] = []  # parallel to _requests when sorted: (key, seq)
         self._slot: dict[int, tuple] = {}  # id(request) -> its (key, seq); seq alone when unsorted
         self._seq = 0
-        self._lent = False  # a snapshot of the lists is out: copy before changing them
+        self._lent = False  # a snapshot of the lists is out: they must not change under its reader
+        # Removed while a snapshot is out (admissions during the scheduler's walk): still in the lists, deleted in
+        # place once the snapshot is released. Copying the lists instead cost a pass over the whole queue per step.
+        self._gone: list[tuple[Request, tuple]] = []
 
     @property
     def sorted(self) -> bool:
@@ -35,30 +38,45 @@ class WaitingQueue:
     @property
     def requests(self) -> list[Request]:
         """The requests in queue order: read it, do not change it."""
+        if self._gone:
+            self._own()
         return self._requests
 
     def snapshot(self) -> tuple[list[Request], list[tuple]]:
-        """(requests, keys) as they are now, unaffected by later changes to the queue (copied on the next one)."""
+        """(requests, keys) as they are now, unaffected by later changes to the queue until `release`."""
+        if self._gone:
+            self._own()
         self._lent = True
         return self._requests, self._keys
 
+    def release(self) -> None:
+        """The snapshot lent last is read no more (the scheduler's walk is over): the removals made meanwhile are
+        applied, and changes happen in place again."""
+        self._lent = False
+        if self._gone:
+            self._own()
+
     def __len__(self) -> int:
-        return len(self._requests)
+        return len(self._requests) - len(self._gone)
 
     def __bool__(self) -> bool:
-        return bool(self._requests)
+        return len(self._requests) > len(self._gone)
 
     def __iter__(self) -> Iterator[Request]:
-        return iter(self._requests)
+        return iter(self.requests)
 
     def __contains__(self, req: Request) -> bool:
         return id(req) in self._slot
 
     def _own(self) -> None:
+        """Make the lists safe to change: copied if a snapshot is out, then the removals held back applied."""
         if self._lent:
             self._requests = list(self._requests)
             self._keys = list(self._keys)
             self._lent = False
+        gone, self._gone = self._gone, []
+        for req, slot in gone:
+            self._delete(req, slot)
 
     def append(self, req: Request) -> None:
         self._own()
@@ -79,7 +97,13 @@ class WaitingQueue:
         slot = self._slot.pop(id(req), None)
         if slot is None:
             raise ValueError(f"{req!r} is not waiting")
-        self._own()
+        if self._lent:
+            self._gone.append((req, slot))  # the snapshot's reader may be walking the lists: later, in place
+        else:
+            self._own()
+            self._delete(req, slot)
+
+    def _delete(self, req: Request, slot: tuple) -> None:
         if self._key is None:
             self._requests.remove(req)
         else:
@@ -93,4 +117,5 @@ class WaitingQueue:
         new = (self._key(req), old[1])
         if new != old:
             self.remove(req)
+            self._own()
             self._insert(req, new)

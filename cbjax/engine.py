@@ -324,7 +324,8 @@ class LLMEngine:
         keep = 1 if self.config.async_scheduling and dispatched and not drafts else 0
         changed += self._receive(keep, t0)
         if not self.stream_outputs:  # building an output per token was ~10% of a simulated run's time
-            changed = [r for r in changed if r.status is RequestStatus.FINISHED]
+            finished = RequestStatus.FINISHED  # (a local: reading an enum member costs ~0.1 us on Python 3.11)
+            changed = [r for r in changed if r.status is finished]
         # A request appears once per token it received (speculation: several per step). (Most steps of a harness
         # that reads finished requests only have none: no Counter, ~3% of a simulated run.)
         new_tokens = collections.Counter(changed) if changed else {}

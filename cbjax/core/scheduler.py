@@ -26,6 +26,9 @@ from cbjax.core.waiting_queue import WaitingQueue
 
 __all__ = ["ReadOnlyScheduler", "Scheduler", "SchedulerConfig", "pages_for"]
 
+# Read per generated token: an enum member read off its class costs ~0.1 us on Python 3.11, a global ~0.01 us.
+_RUNNING, _FINISHED = RequestStatus.RUNNING, RequestStatus.FINISHED
+
 
 class Scheduler:
     """Walks the policy's ranking each step, giving each request its next chunk while the token budget and the
@@ -118,7 +121,7 @@ class Scheduler:
         for req, lower in visits(ranking, step):
             if step.budget <= 0:
                 break
-            waiting = req.status is not RequestStatus.RUNNING
+            waiting = req.status is not _RUNNING
             if (
                 id(req) in preempted
                 or (waiting and not step.may_admit)
@@ -197,7 +200,7 @@ class Scheduler:
     def _commit(self, req: Request, place: _Placement, step: _Step) -> None:
         """Schedule `req` this step as `place` describes: admit it if waiting, give it its pages, charge the
         budget. Its tokens count as computed from now on, and a token it samples is pending until `update`."""
-        if req.status is not RequestStatus.RUNNING:
+        if req.status is not _RUNNING:
             self._admit(req)
         if place.num_new_pages or req.host_pages or not req.pages:  # else a running sequence's pages suffice
             self._place(req, place, step)
@@ -219,8 +222,7 @@ class Scheduler:
         return True
 
     def _scheduled(self, req: Request, computed: int, num_new: int, drafts: list[int], step: _Step) -> None:
-        """Charge the step for `req`'s chunk (and drafts): its tokens count as computed from now on, and a token it
-        samples is pending until `update`."""
+        """Charge the step for `req`'s chunk and drafts: computed from now on; a token it samples pends until update."""
         end = computed + num_new
         samples = end == len(req.all_token_ids)
         n = num_new + len(drafts)  # drafts are computed (and paid for) like any token
@@ -330,7 +332,7 @@ class Scheduler:
         """Preempt running requests ranked below `req` (as the policy allows) until it has a slot (need_slot) or
         `target` free pages. Returns whether that was reached; preempts nobody when it cannot be."""
         max_len = self.config.max_model_len
-        lower = [r for r in lower_ranked if r.status is RequestStatus.RUNNING and not r.pending_is_final(max_len)]
+        lower = [r for r in lower_ranked if r.status is _RUNNING and not r.pending_is_final(max_len)]
         candidates = self.policy.victims(req, lower)
         if not candidates:
             return False
@@ -387,7 +389,7 @@ class Scheduler:
         caching, G, max_len = self.pool.enable_caching, self.config.page_size, self.config.max_model_len
         for seq, token in zip(out.seqs, sampled):
             req = seq.request
-            if req.status is RequestStatus.FINISHED:
+            if req.status is _FINISHED:
                 continue  # aborted, or stopped while this step ran
             if seq.draft_token_ids:
                 changed += [req] * speculation.receive_verified(self, req, seq, token, eos_token_id, now)
@@ -399,11 +401,7 @@ class Scheduler:
                     m.first_token_time = now
                 m.token_times.append(now)
                 changed.append(req)
-            if (
-                caching
-                and req.status is RequestStatus.RUNNING
-                and req.num_computed_tokens // G > req.num_registered_pages
-            ):
+            if caching and req.status is _RUNNING and req.num_computed_tokens // G > req.num_registered_pages:
                 self._register_full_pages(req)
             if seq.samples_token:
                 reason = req.stop_reason(i, eos_token_id, max_len)

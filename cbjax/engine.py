@@ -334,12 +334,15 @@ class LLMEngine:
             self._in_flight.append((handle, {k: v - before[k] for k, v in self._counters().items()}))
             self.num_steps += 1
         # A step that verifies drafts is received at once: how far its sequences advance is known only then.
-        keep = 1 if self.config.async_scheduling and dispatched and not out.num_draft_tokens else 0
+        drafts = spec is not None and out.num_draft_tokens  # (a sum over the step's sequences: only with drafts)
+        keep = 1 if self.config.async_scheduling and dispatched and not drafts else 0
         changed += self._receive(keep, t0)
         if not self.stream_outputs:  # building an output per token was ~10% of a simulated run's time
-            changed = [r for r in changed if r.status is RequestStatus.FINISHED]
-        # A request appears once per token it received (speculation: several per step).
-        new_tokens = collections.Counter(changed)
+            finished = RequestStatus.FINISHED  # (a local: reading an enum member costs ~0.1 us on Python 3.11)
+            changed = [r for r in changed if r.status is finished]
+        # A request appears once per token it received (speculation: several per step). (Most steps of a harness
+        # that reads finished requests only have none: no Counter, ~3% of a simulated run.)
+        new_tokens = collections.Counter(changed) if changed else {}
         outputs = [self._output(r, n) for r, n in new_tokens.items()] + [self._output(r, 0) for r in self._pending]
         self._pending.clear()
         return outputs

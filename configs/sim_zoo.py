@@ -1,6 +1,6 @@
 """The policy zoo on the simulator: 10,000 requests of the chat/RAG/code mix through every policy, step times from
-the calibrated llama-tiny profile of this machine (docs/sim.md). The simulated runs take ~70 s at a load average
-of ~2.5 on the 2 shared cores, 3-9 s per entry (docs/sim.md, Speed), plus the results files.
+the calibrated llama-tiny profile of this machine (docs/sim.md). The simulated runs take ~50 s at a load average
+of ~2.5 on the 2 shared cores, 2.5-6.5 s per entry (docs/sim.md, Speed), plus the results files.
 
   python -m experiments.compare_policies --config=configs/sim_zoo.py [--config.sim.profile=PROFILE.json]
 

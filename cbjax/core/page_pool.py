@@ -103,12 +103,18 @@ class PagePool:
     def refcount(self, page: int) -> int:
         return self._refcounts[page]
 
+    def num_unreferenced(self, pages: Sequence[int]) -> int:
+        """How many of `pages` have refcount 0 (cached hits that taking would revive), in one pass in C: a queued
+        request's prefix hits are counted every step it is looked at."""
+        refcounts = self._refcounts
+        return [refcounts[p] for p in pages].count(0)
+
     # ---- prefix cache -----------------------------------------------------------------------------------------
     def lookup(self, hashes: Sequence[int]) -> list[int]:
         """Pages holding the longest cached prefix of `hashes` (no references taken; see `incref`)."""
-        pages = []
+        page_of_hash, pages = self._page_of_hash, []
         for h in hashes:
-            p = self._page_of_hash.get(h)
+            p = page_of_hash.get(h)
             if p is None:
                 break
             pages.append(p)

@@ -37,6 +37,7 @@ in policies.py; register a policy in `POLICIES` there to make it reachable by na
 `LLM(policy=...)` and the experiment configs. Priorities follow vLLM: a lower `priority` value is more important.
 """
 
+import operator
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
@@ -47,12 +48,15 @@ from cbjax.core.sorted_ranking import Ranking, SortedWaiting, merge_by_key  # no
 
 def by_admission(reqs: Iterable[Request]) -> list[Request]:
     """Running requests in the order they were admitted (a building block for `rank`)."""
-    return sorted(reqs, key=lambda r: r.admission_order)
+    return sorted(reqs, key=_ADMISSION_ORDER)  # (every step: a key read in C, not a lambda per request)
 
 
 def by_arrival(reqs: Iterable[Request]) -> list[Request]:
     """Requests in arrival order (a building block for `rank`)."""
-    return sorted(reqs, key=lambda r: r.arrival_order)
+    return sorted(reqs, key=_ARRIVAL_ORDER)
+
+
+_ADMISSION_ORDER, _ARRIVAL_ORDER = operator.attrgetter("admission_order"), operator.attrgetter("arrival_order")
 
 
 def fcfs_order(running: Iterable[Request], waiting: Iterable[Request]) -> list[Request]:

@@ -48,6 +48,7 @@ class Request:
         "num_dropped_pages",
         "num_pending_tokens",
         "num_preemptions",
+        "num_prompt_tokens",
         "num_registered_pages",
         "output_token_ids",
         "page_hashes",
@@ -77,6 +78,8 @@ class Request:
     ):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
+        # The prompt never changes: its length is a plain attribute, not a property (read for every token).
+        self.num_prompt_tokens = len(self.prompt_token_ids)
         self.params = params
         self.status = RequestStatus.WAITING
         self.output_token_ids: list[int] = []
@@ -108,10 +111,6 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
 
     @property
     def num_uncomputed_tokens(self) -> int:
@@ -146,6 +145,21 @@ class Request:
         self.all_token_ids[self.num_prompt_tokens + i] = token
         self.num_pending_tokens -= 1
         return i
+
+    def stop_reason(self, i: int, eos_token_id: int | None, max_model_len: int) -> FinishReason | None:
+        """Whether output i (just received) ends the request: a stop id or EOS, or max_tokens or max_model_len."""
+        p, token = self.params, self.output_token_ids[i]
+        if token in p.stop_token_ids or (not p.ignore_eos and eos_token_id is not None and token == eos_token_id):
+            return FinishReason.STOP
+        if i + 1 >= p.max_tokens or self.num_prompt_tokens + i + 1 >= max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def pending_is_final(self, max_model_len: int) -> bool:
+        """A pending output is its final one (max_tokens or max_model_len): it finishes when that token arrives."""
+        return self.num_pending_tokens > 0 and (
+            len(self.output_token_ids) >= self.params.max_tokens or len(self.all_token_ids) >= max_model_len
+        )
 
     def drop_outputs_after(self, i: int) -> None:
         """Forget outputs past index i (pending ones that a stop made moot)."""

@@ -32,6 +32,8 @@ def _range_text(kind: str, low, high, low_open: bool, high_open: bool) -> str:
 
 def is_integer(value) -> bool:
     """A Python or numpy integer, not a bool."""
+    if type(value) is int:  # the common case, without the ABC checks (add_request checks a few per request)
+        return True
     return isinstance(value, numbers.Integral) and not isinstance(value, bool) and not _is_numpy_bool(value)
 
 
@@ -60,7 +62,9 @@ def real(
 ) -> float:
     """A finite number (int or float, not bool) in the given range."""
     kind = "a finite number"
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or _is_numpy_bool(value):
+    if type(value) is not float and not (  # a plain float skips the ABC checks
+        isinstance(value, numbers.Real) and not isinstance(value, bool) and not _is_numpy_bool(value)
+    ):
         raise ValueError(f"{name} must be {_range_text(kind, low, high, low_open, high_open)}, got {_shown(value)}")
     value = float(value)
     bad = not math.isfinite(value)
@@ -126,7 +130,7 @@ def token_ids(name: str, value, vocab_size: int | None = None) -> list[int]:
 
 
 def _is_sequence(value) -> bool:
-    if isinstance(value, Sequence):
+    if type(value) in (list, tuple) or isinstance(value, Sequence):  # (exact types first: no ABC check)
         return True
     # numpy arrays are not registered as Sequences; one dimension only (a 2-D array is a batch, not a prompt).
     return getattr(value, "ndim", None) == 1 and hasattr(value, "tolist")

@@ -44,17 +44,20 @@ def step_features(out: SchedulerOutput, padded_tokens: int, bytes_per_page: int)
     """The features of step `out`, padded to `padded_tokens`, whose KV pages are `bytes_per_page` each."""
     decode = prefill = sum_ctx = max_ctx = sampling = 0
     pairs = 0.0
-    for s in out.seqs:
+    for s in out.seqs:  # once per sequence and step: no calls in the loop
         n, c = s.num_new_tokens, s.num_computed_tokens
         if n == 1:
             decode += 1
+            pairs += c + 1.0  # n * (c + (n + 1) / 2), exactly, for n = 1
         else:
             prefill += n
+            pairs += n * (c + (n + 1) / 2)
         ctx = c + n
         sum_ctx += ctx
-        max_ctx = max(max_ctx, ctx)
-        sampling += s.samples_token
-        pairs += n * (c + (n + 1) / 2)
+        if ctx > max_ctx:
+            max_ctx = ctx
+        if s.samples_token:
+            sampling += 1
     return StepFeatures(
         padded_tokens=padded_tokens,
         num_tokens=decode + prefill,

@@ -104,16 +104,28 @@ class SimRunner:
             base = self._base[request_id] = zlib.crc32(request_id.encode())
         return self._ids[(base + 7919 * index) % len(self._ids)]
 
+    def _tokens(self, out: SchedulerOutput) -> list[int]:
+        """`_token` of each sequence's sampled output (0 where it samples none). This runs once per generated token,
+        so the common case (no `stop_after`, the request's base known) is `_token`'s formula inline, no call."""
+        token, ids, base_of, inline = self._token, self._ids, self._base, not self.stop_after
+        tokens = []
+        for s in out.seqs:
+            if s.samples_token:
+                req = s.request
+                index = len(req.output_token_ids) - 1  # its pending placeholder, just appended
+                base = base_of.get(req.request_id) if inline else None
+                tokens.append(token(req.request_id, index) if base is None else ids[(base + 7919 * index) % len(ids)])
+            else:
+                tokens.append(0)
+        return tokens
+
     def dispatch(self, out: SchedulerOutput) -> SimStepHandle:
         """Price the step and choose its tokens (the index of a sampled token is known at scheduling time: the
         pending placeholder the scheduler just appended)."""
         padded = self.buckets.token_bucket(out.num_batched_tokens) if out.seqs else 0
         _, out_bytes, in_bytes = self.swap(out.swap_out, out.swap_in)
         features = step_features(out, padded, self.kv_bytes_per_page)
-        token = self._token
-        tokens = [
-            token(s.request.request_id, len(s.request.output_token_ids) - 1) if s.samples_token else 0 for s in out.seqs
-        ]
+        tokens = self._tokens(out)
         cost = self.cost_model.step_time(features)
         handle = SimStepHandle(out, tokens, features, cost, padded, out_bytes, in_bytes)
         self.last_step = handle

@@ -5,10 +5,17 @@
 The intercept per token bucket is the cost of the padded step itself (the dense layers run on every padded token,
 so a bucket's cost is nearly fixed); the shared coefficients add what varies within a bucket: per real token, per
 sequence (slots, sampling), attention (per context token read and per (query, key) pair computed), and per byte
-of KV swapped. Bucket 0 is a swap-only step. Fitted by ordinary least squares over all steps at once (columns
-scaled to unit maximum), with the shared coefficients kept >= 0 (a feature whose coefficient would be negative
-is dropped and the rest refitted). A bucket never seen in calibration gets an intercept linearly interpolated (or
+of KV swapped. Bucket 0 is a swap-only step. Fitted by least squares over all steps at once (columns scaled to
+unit maximum), with the shared coefficients kept >= 0 (a feature whose coefficient would be negative is dropped
+and the rest refitted). A bucket never seen in calibration gets an intercept linearly interpolated (or
 extrapolated) in the bucket size from the seen ones.
+
+The intercepts are partially pooled: intercept[b] = a + c * b + d[b], a line in the bucket size (the padded dense
+work) plus a per-bucket deviation d[b] shrunk toward 0 as if each bucket had SHRINK_STEPS more steps on the line
+(ridge on d). A bucket seen in thousands of steps keeps its own intercept; one seen in a handful gets about the
+line's. With free intercepts, a calibration sweep that put 1-7 steps in its middle buckets fitted them 2-3x off
+the line (94 ms for bucket 96 between 28 and 30 ms), and a workload living in those buckets was mispredicted by
+35-50% (docs/sim.md, fidelity).
 
 What it does not model: compiles (the engine compiles before the run), the host's Python time outside the step
 (the online loop between steps), and contention from other processes (calibrate and run on the same, idle machine).
@@ -22,6 +29,7 @@ import numpy as np
 from cbjax.sim.features import StepFeatures
 
 SHARED_FEATURES = ("num_tokens", "num_seqs", "sum_context", "attention_pairs", "swap_bytes")
+SHRINK_STEPS = 30.0  # pseudo-steps pulling each bucket's intercept toward the line over bucket sizes
 
 
 class CalibratedCost:
@@ -73,20 +81,28 @@ class CalibratedCost:
             raise ValueError(f"fit needs as many times as steps (and some), got {len(features)} and {len(times)}")
         y = np.asarray(times, dtype=np.float64)
         buckets = sorted({f.padded_tokens for f in features})
-        col = {b: i for i, b in enumerate(buckets)}
-        X = np.zeros((len(features), len(buckets) + len(SHARED_FEATURES)))
+        col = {b: 2 + i for i, b in enumerate(buckets)}  # columns: a, c, d[b] per bucket, the shared features
+        shared = 2 + len(buckets)
+        X = np.zeros((len(features), shared + len(SHARED_FEATURES)))
+        X[:, 0] = 1.0
         for i, f in enumerate(features):
+            X[i, 1] = f.padded_tokens
             X[i, col[f.padded_tokens]] = 1.0
-            X[i, len(buckets) :] = [getattr(f, k) for k in SHARED_FEATURES]
+            X[i, shared:] = [getattr(f, k) for k in SHARED_FEATURES]
         scale = np.abs(X).max(axis=0)
         scale[scale == 0] = 1.0  # a feature that never varies (no swaps measured) gets coefficient 0
+        # The ridge on the deviations: a row per bucket, sqrt(SHRINK_STEPS) * d[b] = 0 (d's columns are 0/1, unscaled).
+        penalty = np.zeros((len(buckets), X.shape[1]))
+        penalty[np.arange(len(buckets)), 2 + np.arange(len(buckets))] = np.sqrt(SHRINK_STEPS)
+        A = np.vstack([X / scale, penalty])
+        b_all = np.concatenate([y, np.zeros(len(buckets))])
         # A marginal cost cannot be negative: a shared feature whose coefficient comes out below zero (noise, or
         # collinearity with another feature) is dropped and the rest refitted (intercepts stay free).
         keep = np.ones(X.shape[1], bool)
         while True:
             w = np.zeros(X.shape[1])
-            w[keep], *_ = np.linalg.lstsq(X[:, keep] / scale[keep], y, rcond=None)
-            negative = [j for j in range(len(buckets), X.shape[1]) if keep[j] and w[j] < 0]
+            w[keep], *_ = np.linalg.lstsq(A[:, keep], b_all, rcond=None)
+            negative = [j for j in range(shared, X.shape[1]) if keep[j] and w[j] < 0]
             if not negative:
                 break
             keep[min(negative, key=lambda j: w[j])] = False
@@ -101,8 +117,8 @@ class CalibratedCost:
             steps_per_bucket={str(b): int(sum(f.padded_tokens == b for f in features)) for b in buckets},
         )
         return cls(
-            {b: float(w[col[b]]) for b in buckets},
-            {k: float(w[len(buckets) + j]) for j, k in enumerate(SHARED_FEATURES)},
+            {b: float(w[0] + w[1] * b + w[col[b]]) for b in buckets},
+            {k: float(w[shared + j]) for j, k in enumerate(SHARED_FEATURES)},
             stats,
         )
 

@@ -55,6 +55,26 @@ def test_fitting_recovers_known_coefficients():
     assert fitted.fit_stats["mean_abs_rel_error"] < 0.02
 
 
+def test_a_bucket_seen_in_a_few_steps_stays_near_the_line_and_a_well_seen_one_keeps_its_own():
+    """Partial pooling of the intercepts (SHRINK_STEPS): one noisy step in bucket 96 does not set its intercept,
+    while bucket 64, seen 500 times 40% above the line, keeps its own. (Intercepts only: no shared feature varies.)"""
+    rng = np.random.default_rng(1)
+    line = lambda b: 1e-3 + 5e-5 * b
+    truth = {16: line(16), 32: line(32), 64: 1.4 * line(64), 256: line(256)}
+    feats, times = [], []
+    for b, v in truth.items():
+        for _ in range(500):
+            feats.append(StepFeatures(padded_tokens=b, num_tokens=0, num_seqs=0, sum_context=0))
+            times.append(v * (1 + 0.01 * rng.standard_normal()))
+    feats.append(StepFeatures(padded_tokens=96, num_tokens=0, num_seqs=0, sum_context=0))
+    times.append(3 * line(96))  # one step, 3x the line (a hiccup of the machine)
+    fitted = CalibratedCost.fit(feats, times)
+    assert fitted.intercepts[64] == pytest.approx(truth[64], rel=0.05)
+    assert fitted.intercepts[96] < 1.25 * line(96), "one step set its bucket's intercept"
+    for b in (16, 32, 256):
+        assert fitted.intercepts[b] == pytest.approx(truth[b], rel=0.05)
+
+
 def test_unseen_buckets_are_interpolated_in_the_bucket_size():
     m = CalibratedCost({16: 1.0, 32: 2.0, 64: 3.0}, {})
     assert m.intercept(48) == pytest.approx(2.5)

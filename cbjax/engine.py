@@ -29,6 +29,7 @@ from cbjax.model.llama import Llama, init_model, kv_cache_bytes_per_page
 from cbjax.model.quantize import quantize_model
 from cbjax.model.registry import model_config_of, resolve_checkpoint
 from cbjax.model.tokenizer import Tokenizer
+from cbjax.runner.acceptance import make_rule
 from cbjax.runner.compile_cache import configure_compilation_cache
 from cbjax.runner.model_runner import ModelRunner, StepHandle
 from cbjax.runner.sharding import make_mesh
@@ -175,6 +176,7 @@ class LLMEngine:
             mesh=None if cfg.tensor_parallel_size == 1 else make_mesh(cfg.tensor_parallel_size),
             kv_cache_dtype=cfg.kv_cache_dtype,
             draft_model=self._draft_model(cfg),
+            acceptance=None if cfg.speculative_config is None else make_rule(cfg.speculative_config.acceptance),
         )
 
     @staticmethod

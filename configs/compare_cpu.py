@@ -63,6 +63,7 @@ def get_config() -> ml_collections.ConfigDict:
     sd.prompt_lookup_max = 4  # ngram: longest suffix n-gram matched (tried first)
     sd.draft_length = "fixed"  # fixed (k) | batch_size (draft_length_table) | measured (acceptance x step cost)
     sd.draft_length_table = config_dict.placeholder(dict)  # batch_size: {"1-8": 4, "9-32": 2, "33-": 0}
+    sd.acceptance = "auto"  # auto | rejection_sampling (draft only) | sample_and_match (docs/speculative.md)
 
     # The simulator (engine.runner = "sim" only; needs clock = "virtual"): step times from one of these.
     sim = c.sim = ml_collections.ConfigDict()

@@ -94,6 +94,21 @@ def test_sampled_requests_with_a_draft_model_are_deterministic_per_seed(model, n
     assert all(len(t) == 16 for t in first)
 
 
+def test_sample_and_match_keeps_seeded_outputs_of_no_speculation(model, workload):  # noqa: F811
+    """With acceptance="sample_and_match" a draft model's drafts never change a seeded request's tokens: the
+    outputs equal those without speculation (so they cannot depend on the batch, which trims drafts)."""
+    reqs, _ = workload
+    prompts = [r["prompt"] for r in reqs[:8]]
+    params = [
+        SamplingParams(max_tokens=16, temperature=0.3, top_k=3, seed=i, ignore_eos=True) for i in range(len(prompts))
+    ]
+    base = [o.outputs[0].token_ids for o in LLM(model, **OPTS).generate(prompts, params)]
+    spec = draft_spec(noisy_copy(model, 0.05, seed=3), acceptance="sample_and_match")  # a draft near the target
+    llm = LLM(model, speculative_config=spec, **OPTS)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == base
+    assert llm.engine.scheduler.speculator.num_accepted_tokens > 0
+
+
 def test_packaged_draft_for_the_packaged_model(tmp_path):
     """tinypy-draft for tinypy by name: the same greedy outputs as without it, drafts accepted."""
     prompts = ["import os\nimport sys\n\n\ndef main():\n", "class Stack:\n    def __init__(self):\n"]

@@ -14,6 +14,12 @@ from collections.abc import Mapping
 from cbjax.core import validation as check
 
 METHODS = ("ngram", "draft")
+# How drafts are verified (cbjax/runner/acceptance.py): "rejection_sampling" (min(1, p/q), residual max(p - q, 0)),
+# "sample_and_match" (sample p with the request's own key, accept a draft equal to it: exact for any q, the same
+# tokens as without drafts, so a seeded request's output never depends on its batch, but it accepts less often
+# than rejection sampling when q is not one-hot), or "auto": sample_and_match for n-gram drafts (one-hot q, where
+# the two rules accept equally often), rejection_sampling for a draft model.
+ACCEPTANCE_RULES = ("auto", "rejection_sampling", "sample_and_match")
 DRAFT_LENGTH_RULES = ("fixed", "batch_size", "measured")
 
 
@@ -31,6 +37,7 @@ class SpeculativeConfig:
     draft_length: str = "fixed"
     # batch_size rule: {"1-8": 4, "9-32": 2, "33-": 0}: running sequences -> drafts (each value <= k).
     draft_length_table: tuple[tuple[int, int | None, int], ...] | None = None
+    acceptance: str = "auto"  # see ACCEPTANCE_RULES
 
     def __post_init__(self):
         method = check.choice("speculative_config.method", self.method, METHODS)
@@ -40,6 +47,14 @@ class SpeculativeConfig:
         if lo > hi:
             raise ValueError(f"speculative_config: prompt_lookup_min ({lo}) > prompt_lookup_max ({hi})")
         rule = check.choice("speculative_config.draft_length", self.draft_length, DRAFT_LENGTH_RULES)
+        acceptance = check.choice("speculative_config.acceptance", self.acceptance, ACCEPTANCE_RULES)
+        if acceptance == "auto":
+            acceptance = "sample_and_match" if method == "ngram" else "rejection_sampling"
+        elif acceptance == "rejection_sampling" and method == "ngram":
+            raise ValueError(
+                "speculative_config.acceptance='rejection_sampling' is for method='draft' (n-gram drafts "
+                "are one-hot: sample_and_match is that rule, with the same acceptance)"
+            )
         table = None
         if rule == "batch_size":
             if self.draft_length_table is None:
@@ -64,6 +79,7 @@ class SpeculativeConfig:
             prompt_lookup_max=hi,
             draft_length=rule,
             draft_length_table=table,
+            acceptance=acceptance,
         ).items():
             object.__setattr__(self, name, value)
 

@@ -82,6 +82,11 @@ class RejectionSampling:
         return tokens.astype(jnp.int32), accepted
 
 
+def make_rule(name: str):
+    """The rule a speculative_config's `acceptance` names (cbjax/core/speculative_config.py)."""
+    return {"rejection_sampling": RejectionSampling, "sample_and_match": SampleAndMatch}[name]()
+
+
 def first_rejection(accepted, num_drafts):
     """accepted [S, K+1] bool per slot and draft position; num_drafts [S] -> accepted drafts per slot [S]: the
     length of each slot's leading run of passed drafts."""

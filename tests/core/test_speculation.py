@@ -34,6 +34,8 @@ from tests.core.test_policy_invariants import EOS, VOCAB, Case, cases, check_ste
         (dict(method="draft", draft_model=3), "must be a model name or path"),
         (dict(method="draft", draft_model="tinypy-draft"), None),  # the draft is checked against the model later
         (dict(draft_model="tinypy-draft"), "draft_model is for method='draft'"),
+        (dict(acceptance="greedy"), "acceptance must be one of"),
+        (dict(acceptance="rejection_sampling"), "is for method='draft'"),
         (dict(num_tokens=3), r"unknown field\(s\) \['num_tokens'\]"),
         (dict(draft_length="batch_size"), "needs draft_length_table"),
         (dict(draft_length="batch_size", draft_length_table={"1-8": 4, "10-": 0}), "without gaps"),

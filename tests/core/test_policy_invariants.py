@@ -111,6 +111,31 @@ def check_step(s: Scheduler, out) -> None:
         assert s.pool.refcount(p) == holders.get(p, 0), f"page {p}"
 
 
+def admit_and_abort(s: Scheduler, case: Case, clock, step: int, pending: list, reqs: dict, expected: dict) -> None:
+    """Before step `step`: add the case's requests that have arrived (and their reference outputs), and abort
+    those whose abort step it is."""
+    while pending and pending[0][1][0] <= step:
+        i, (_, prompt, max_tokens, prio, tenant, slack, abort_at) = pending.pop(0)
+        r = Request(
+            f"r{i}",
+            prompt,
+            SamplingParams(max_tokens=max_tokens),
+            clock.now(),
+            seed=0,
+            arrival_order=i,
+            priority=prio,
+            tenant=tenant,
+            deadline=None if slack is None else clock.now() + slack,
+        )
+        assert s.can_ever_fit(len(prompt) + max_tokens)
+        s.add(r)
+        reqs[r.request_id] = (r, abort_at)
+        expected[r.request_id] = reference(prompt, max_tokens, VOCAB, EOS, case.config.max_model_len)
+    for r, abort_at in reqs.values():
+        if abort_at == step and not r.is_finished:
+            s.abort(r)
+
+
 def run_case(case: Case) -> None:
     clock = VirtualClock()
     s = Scheduler(dataclasses.replace(case.config, policy_options=case.policy_options), clock)
@@ -120,26 +145,7 @@ def run_case(case: Case) -> None:
     step = 0
     in_flight = None  # (step, its sampled tokens) whose results the scheduler has not received yet
     while pending or s.has_unfinished() or in_flight:
-        while pending and pending[0][1][0] <= step:
-            i, (_, prompt, max_tokens, prio, tenant, slack, abort_at) = pending.pop(0)
-            r = Request(
-                f"r{i}",
-                prompt,
-                SamplingParams(max_tokens=max_tokens),
-                clock.now(),
-                seed=0,
-                arrival_order=i,
-                priority=prio,
-                tenant=tenant,
-                deadline=None if slack is None else clock.now() + slack,
-            )
-            assert s.can_ever_fit(len(prompt) + max_tokens)
-            s.add(r)
-            reqs[r.request_id] = (r, abort_at)
-            expected[r.request_id] = reference(prompt, max_tokens, VOCAB, EOS, case.config.max_model_len)
-        for r, abort_at in reqs.values():
-            if abort_at == step and not r.is_finished:
-                s.abort(r)
+        admit_and_abort(s, case, clock, step, pending, reqs, expected)
         out = s.schedule()
         tokens = runner.execute(out)
         clock.advance(0.001)

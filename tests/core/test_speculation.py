@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from cbjax.core import Request, SamplingParams, Scheduler, VirtualClock
+from cbjax.core import Scheduler, VirtualClock
 from cbjax.core.draft_length import BatchSizeDraftLength, MeasuredDraftLength
 from cbjax.core.ngram_proposer import NgramProposer
 from cbjax.core.request import PENDING_TOKEN
 from cbjax.core.speculative_config import SpeculativeConfig
 from cbjax.core.speculator import Speculator
 from cbjax.engine_config import EngineConfig
-from tests.core.fake_runner import next_token, reference
-from tests.core.test_policy_invariants import EOS, VOCAB, Case, cases, check_step
+from tests.core.fake_runner import next_token
+from tests.core.test_policy_invariants import EOS, VOCAB, Case, admit_and_abort, cases, check_step
 
 
 # ---- options ------------------------------------------------------------------------------------------------------
@@ -173,17 +173,7 @@ def run_case_with_drafts(case: Case, k: int, seed: int) -> tuple[Scheduler, list
     pending = sorted(enumerate(case.requests), key=lambda x: x[1][0])
     step, steps = 0, []
     while pending or s.has_unfinished():
-        while pending and pending[0][1][0] <= step:
-            i, (_, prompt, max_tokens, prio, tenant, slack, abort_at) = pending.pop(0)
-            deadline = None if slack is None else clock.now() + slack
-            params = SamplingParams(max_tokens=max_tokens)
-            r = Request(f"r{i}", prompt, params, clock.now(), 0, i, prio, tenant, deadline)
-            s.add(r)
-            reqs[r.request_id] = (r, abort_at)
-            expected[r.request_id] = reference(prompt, max_tokens, VOCAB, EOS, case.config.max_model_len)
-        for r, abort_at in reqs.values():
-            if abort_at == step and not r.is_finished:
-                s.abort(r)
+        admit_and_abort(s, case, clock, step, pending, reqs, expected)
         out = s.schedule()
         for seq in out.seqs:  # unverified drafts are never counted as computed
             assert seq.request.num_computed_tokens <= seq.request.num_tokens

@@ -71,19 +71,15 @@ def main(argv):
 
     from cbjax.sim import save_profile
     from experiments.calibration_sweep import calibrate
+    from experiments.measured_steps import write_steps
 
     opts = engine_options()
     start = datetime.datetime.now().astimezone()
     load_before = list(os.getloadavg())
     cal = calibrate(FLAGS.model, opts, seed=FLAGS.seed, scale=FLAGS.scale)
-    model, feats, times, counts = cal.model, cal.features, cal.times, cal.steps_per_sweep
+    model, times, counts = cal.model, cal.times, cal.steps_per_sweep
     if FLAGS.steps_output:
-        with open(FLAGS.steps_output, "w") as f:
-            i = 0
-            for name, n in counts.items():
-                for ft, t in zip(feats[i : i + n], times[i : i + n]):
-                    f.write(json.dumps({"sweep": name, "seconds": t, **ft.as_dict()}) + "\n")
-                i += n
+        write_steps(FLAGS.steps_output, cal.groups())
     meta = dict(
         model=FLAGS.model,
         engine_options=opts,

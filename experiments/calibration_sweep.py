@@ -13,6 +13,14 @@ class Calibration:
     steps_per_sweep: dict[str, int]
     swap_engine_options: dict
 
+    def groups(self) -> dict[str, tuple[list, list]]:
+        """sweep name -> (its steps' features, their measured seconds)."""
+        out, i = {}, 0
+        for name, n in self.steps_per_sweep.items():
+            out[name] = (self.features[i : i + n], self.times[i : i + n])
+            i += n
+        return out
+
 
 def sweep_workloads(vocab_size: int, max_num_seqs: int, max_model_len: int, seed: int, scale: float) -> dict:
     """name -> workload (cbjax.bench.workload requests)."""

@@ -30,3 +30,13 @@ def measure(engine, workload) -> tuple[list, list, object]:
     if len(feats) != len(times):
         raise RuntimeError(f"{len(feats)} steps fetched but {len(times)} clock moves")
     return feats, times, result
+
+
+def write_steps(path: str, groups: dict[str, tuple[list, list]]) -> None:
+    """Write measured steps as JSONL, one line per step: {"sweep": group name, "seconds": ..., features...}."""
+    import json
+
+    with open(path, "w") as f:
+        for name, (feats, times) in groups.items():
+            for ft, t in zip(feats, times, strict=True):
+                f.write(json.dumps({"sweep": name, "seconds": t, **ft.as_dict()}) + "\n")

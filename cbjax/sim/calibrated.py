@@ -7,8 +7,9 @@ so a bucket's cost is nearly fixed); the shared coefficients add what varies wit
 sequence (slots, sampling), attention (per context token read and per (query, key) pair computed), and per byte
 of KV swapped. Bucket 0 is a swap-only step. Fitted by least squares over all steps at once (columns scaled to
 unit maximum), with the shared coefficients kept >= 0 (a feature whose coefficient would be negative is dropped
-and the rest refitted). A bucket never seen in calibration gets an intercept linearly interpolated (or
-extrapolated) in the bucket size from the seen ones.
+and the rest refitted); then steps far off that fit (the machine's hiccups) are left out and the rest fitted again.
+A bucket never seen in calibration gets an intercept linearly interpolated (or extrapolated) in the bucket size
+from the seen ones.
 
 The intercepts are partially pooled: intercept[b] = a + c * b + d[b], a line in the bucket size (the padded dense
 work) plus a per-bucket deviation d[b] shrunk toward 0 as if each bucket had SHRINK_STEPS more steps on the line
@@ -30,6 +31,7 @@ from cbjax.sim.features import StepFeatures
 
 SHARED_FEATURES = ("num_tokens", "num_seqs", "sum_context", "attention_pairs", "swap_bytes")
 SHRINK_STEPS = 30.0  # pseudo-steps pulling each bucket's intercept toward the line over bucket sizes
+TRIM_SIGMAS = 3.5  # a step this many robust standard deviations off the first fit is left out of the second
 
 
 class CalibratedCost:
@@ -74,9 +76,21 @@ class CalibratedCost:
         t = self.intercept(f.padded_tokens) + sum(map(operator.mul, self._coefs, self._shared(f)))
         return max(t, 1e-7)  # time always moves forward
 
+    def scaled(self, factor: float) -> "CalibratedCost":
+        """The same profile on a machine `factor` times slower (every step's time times `factor`)."""
+        if not factor > 0:
+            raise ValueError(f"scale factor must be > 0, got {factor}")
+        return CalibratedCost(
+            {b: v * factor for b, v in self.intercepts.items()},
+            {k: v * factor for k, v in self.coefficients.items()},
+            dict(self.fit_stats, scaled_by=factor * self.fit_stats.get("scaled_by", 1.0)),
+        )
+
     @classmethod
     def fit(cls, features: Sequence[StepFeatures], times: Sequence[float]) -> "CalibratedCost":
-        """Least squares over measured steps: `times[i]` (seconds) is what step `features[i]` took."""
+        """Least squares over measured steps: `times[i]` (seconds) is what step `features[i]` took. Robust to the
+        machine's hiccups: after a first fit, steps whose time is more than TRIM_SIGMAS robust standard deviations
+        off it (in log ratio; the sigma from the median absolute deviation) are left out and the rest refitted."""
         if len(features) != len(times) or not features:
             raise ValueError(f"fit needs as many times as steps (and some), got {len(features)} and {len(times)}")
         y = np.asarray(times, dtype=np.float64)
@@ -89,28 +103,19 @@ class CalibratedCost:
             X[i, 1] = f.padded_tokens
             X[i, col[f.padded_tokens]] = 1.0
             X[i, shared:] = [getattr(f, k) for k in SHARED_FEATURES]
-        scale = np.abs(X).max(axis=0)
-        scale[scale == 0] = 1.0  # a feature that never varies (no swaps measured) gets coefficient 0
-        # The ridge on the deviations: a row per bucket, sqrt(SHRINK_STEPS) * d[b] = 0 (d's columns are 0/1, unscaled).
-        penalty = np.zeros((len(buckets), X.shape[1]))
-        penalty[np.arange(len(buckets)), 2 + np.arange(len(buckets))] = np.sqrt(SHRINK_STEPS)
-        A = np.vstack([X / scale, penalty])
-        b_all = np.concatenate([y, np.zeros(len(buckets))])
-        # A marginal cost cannot be negative: a shared feature whose coefficient comes out below zero (noise, or
-        # collinearity with another feature) is dropped and the rest refitted (intercepts stay free).
-        keep = np.ones(X.shape[1], bool)
-        while True:
-            w = np.zeros(X.shape[1])
-            w[keep], *_ = np.linalg.lstsq(A[:, keep], b_all, rcond=None)
-            negative = [j for j in range(shared, X.shape[1]) if keep[j] and w[j] < 0]
-            if not negative:
-                break
-            keep[min(negative, key=lambda j: w[j])] = False
-        w = w / scale
+        w = _solve(X, y, shared, len(buckets))
+        # A step far off the fit is the machine (another job, a page fault), not the step: a single 3x step moved
+        # the shared coefficients by tens of percent in a few-thousand-step calibration.
+        r = np.log(np.maximum(y, 1e-9) / np.maximum(X @ w, 1e-9))
+        sigma = 1.4826 * np.median(np.abs(r - np.median(r)))
+        kept = np.abs(r - np.median(r)) <= TRIM_SIGMAS * max(sigma, 1e-6)
+        if not kept.all():
+            w = _solve(X[kept], y[kept], shared, len(buckets))
         pred = X @ w
         rel = np.abs(pred - y) / np.maximum(y, 1e-9)
         stats = dict(
             num_steps=len(y),
+            trimmed_steps=int((~kept).sum()),
             rmse_s=float(np.sqrt(np.mean((pred - y) ** 2))),
             mean_abs_rel_error=float(rel.mean()),
             total_rel_error=float((pred.sum() - y.sum()) / y.sum()),
@@ -133,3 +138,25 @@ class CalibratedCost:
     @classmethod
     def from_dict(cls, d: dict) -> "CalibratedCost":
         return cls({int(b): v for b, v in d["intercepts_s"].items()}, d["coefficients_s"], d.get("fit"))
+
+
+def _solve(X: np.ndarray, y: np.ndarray, shared: int, num_buckets: int) -> np.ndarray:
+    """Weights of the linear model (columns: a, c, d[b] per bucket, the shared features), with the ridge that pools
+    the intercepts and the shared coefficients kept >= 0."""
+    scale = np.abs(X).max(axis=0)
+    scale[scale == 0] = 1.0  # a feature that never varies (no swaps measured) gets coefficient 0
+    # The ridge on the deviations: a row per bucket, sqrt(SHRINK_STEPS) * d[b] = 0 (d's columns are 0/1, unscaled).
+    penalty = np.zeros((num_buckets, X.shape[1]))
+    penalty[np.arange(num_buckets), 2 + np.arange(num_buckets)] = np.sqrt(SHRINK_STEPS)
+    A = np.vstack([X / scale, penalty])
+    b_all = np.concatenate([y, np.zeros(num_buckets)])
+    # A marginal cost cannot be negative: a shared feature whose coefficient comes out below zero (noise, or
+    # collinearity with another feature) is dropped and the rest refitted (intercepts stay free).
+    keep = np.ones(X.shape[1], bool)
+    while True:
+        w = np.zeros(X.shape[1])
+        w[keep], *_ = np.linalg.lstsq(A[:, keep], b_all, rcond=None)
+        negative = [j for j in range(shared, X.shape[1]) if keep[j] and w[j] < 0]
+        if not negative:
+            return w / scale
+        keep[min(negative, key=lambda j: w[j])] = False

@@ -12,6 +12,7 @@ from cbjax.sim import (
     ReplayCost,
     RooflineCost,
     StepFeatures,
+    calibrated,
     load_profile,
     save_profile,
 )
@@ -53,6 +54,38 @@ def test_fitting_recovers_known_coefficients():
         assert fitted.coefficients[k] == pytest.approx(coef[k], rel=0.1), k
     assert fitted.fit_stats["num_steps"] == 600
     assert fitted.fit_stats["mean_abs_rel_error"] < 0.02
+
+
+def test_the_machines_hiccups_do_not_move_the_fit(monkeypatch):
+    """3% of the steps took 3-6x their time (another job on the machine): the second fit leaves them out and
+    recovers the coefficients; the first fit alone is pulled far off (checked with trimming switched off)."""
+    rng = np.random.default_rng(2)
+    intercepts = {16: 2e-3, 32: 3e-3, 64: 5.5e-3, 128: 10e-3}
+    coef = dict(num_tokens=2e-5, num_seqs=1e-4, sum_context=3e-7, attention_pairs=5e-9, swap_bytes=1e-9)
+    truth = CalibratedCost(intercepts, coef)
+    feats = synthetic_steps(rng, 1000)
+    times = [truth.step_time(f) * (1 + 0.03 * rng.standard_normal()) for f in feats]
+    for i in rng.choice(len(times), 30, replace=False):
+        times[i] *= rng.uniform(3, 6)
+
+    def worst_error(m):
+        errs = [m.intercepts[b] / v - 1 for b, v in intercepts.items()]
+        return max(abs(e) for e in errs + [m.coefficients[k] / coef[k] - 1 for k in SHARED_FEATURES])
+
+    fitted = CalibratedCost.fit(feats, times)
+    assert fitted.fit_stats["trimmed_steps"] >= 30
+    assert worst_error(fitted) < 0.15
+    monkeypatch.setattr(calibrated, "TRIM_SIGMAS", float("inf"))
+    assert worst_error(CalibratedCost.fit(feats, times)) > 0.3
+
+
+def test_a_scaled_profile_predicts_every_step_that_much_slower():
+    m = CalibratedCost({16: 2e-3, 64: 5e-3}, dict(num_seqs=1e-4, sum_context=3e-7))
+    slow = m.scaled(1.25)
+    for f in synthetic_steps(np.random.default_rng(3), 50):
+        assert slow.step_time(f) == pytest.approx(1.25 * m.step_time(f))
+    with pytest.raises(ValueError, match="> 0"):
+        m.scaled(0.0)
 
 
 def test_a_bucket_seen_in_a_few_steps_stays_near_the_line_and_a_well_seen_one_keeps_its_own():

@@ -6,18 +6,16 @@ through the schedule.
 
   python -m experiments.calibrate --model llama-tiny          # first, in the same sitting
   python -m experiments.sim_fidelity --profile configs/profiles/llama-tiny-cpu.json [--cases mixed-fcfs,...]
-  python -m experiments.sim_fidelity --recalibrate [--calibration_scale 0.5]   # a fresh fit before each case
+  python -m experiments.sim_fidelity --recalibrate [--calibration_scale 0.1]   # calibration rounds between real runs
+  python -m experiments.sim_fidelity --report results/sim_fidelity.json          # the tables of a saved run
 
-On a shared machine the step times follow the other jobs' load, which moves within minutes. With --recalibrate
-each case gets its own profile, fitted (on the calibration sweep, never on the case's workload) right before the
-case's real run, so both see about the same machine; the profiles are written next to the output. What else it
-prints, to tell the simulator's error from the machine's:
-- the real engine against itself: each case runs `--real_repeats` times (a fresh engine each time); the spread
-  of those runs is the floor under any simulator's error, and errors are also given against their median;
-- the profile scaled by the machine's speed around the first real run: a fixed probe workload (not a case's) runs
-  before and after it, and its measured / predicted time scales the profile;
-- with --recalibrate and several cases, one profile fitted on every case's calibration sweep (the sitting's
-  typical speed) against the median real run.
+On a shared machine the step times follow the other jobs' load, which moves within minutes. So each case's real
+engine runs `--real_repeats` times (a fresh engine each time): the spread of those runs is the floor under any
+simulator's error, and the errors are given against their median, metric by metric, beside the real runs' own
+range. With --recalibrate, a calibration round (the sweep, never on a case's workload) runs right before each
+real run and the case's profile is fitted on all its rounds, so calibration and real runs see the same minutes of
+the machine; the profiles are written next to the output. With several cases, one more profile fitted on every
+case's rounds (the sitting's typical speed) is compared with the median real runs too.
 
 The workloads are not the calibration's (that one used uniform random lengths and fixed decode groups, seeds
 1234-1235): the chat/RAG/code mix (Poisson), lognormal synthetic lengths, shared system prompts with the prefix
@@ -33,14 +31,15 @@ import statistics
 from absl import app, flags
 
 flags.DEFINE_string("profile", None, "cost-model profile (experiments/calibrate.py); not with --recalibrate")
-flags.DEFINE_bool("recalibrate", False, "fit a fresh profile right before each case (the calibration sweep)")
-flags.DEFINE_float("calibration_scale", 0.5, "--recalibrate: the calibration sweep's scale (calibrate's --scale)")
+flags.DEFINE_bool("recalibrate", False, "calibration rounds between the real runs, a profile per case")
+flags.DEFINE_float("calibration_scale", 0.1, "--recalibrate: each round's sweep scale (calibrate's --scale)")
 flags.DEFINE_integer("calibration_seed", 1234, "--recalibrate: the calibration sweep's seed (calibrate's --seed)")
 flags.DEFINE_string("model", "llama-tiny", "the model the profile was calibrated for")
-flags.DEFINE_integer("real_repeats", 2, "real runs per case (the later ones measure the real engine's own spread)")
+flags.DEFINE_integer("real_repeats", 3, "real runs per case (the real engine's own spread; the median is compared)")
 flags.DEFINE_list("cases", None, "cases to run (default: all of CASES)")
 flags.DEFINE_float("scale", 1.0, "multiplies each case's number of requests")
 flags.DEFINE_string("output", "results/sim_fidelity.json", "where the errors go (JSON)")
+flags.DEFINE_string("report", None, "print the tables of a saved run (its --output JSON) and exit")
 flags.DEFINE_string("steps_output", None, "a folder: write every measured step (calibration, real run) as JSONL there")
 FLAGS = flags.FLAGS
 
@@ -99,26 +98,6 @@ CASES = {
 METRICS = ("output_throughput", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "e2e_ms_p50")
 
 
-def probe_workload(vocab_size: int) -> list:
-    """The machine-speed probe: a fixed small Poisson workload of random lengths (seed 99, apart from every other
-    seed here), ~2-3 s on llama-tiny. Not a case's workload: its steps only say how fast the machine runs now."""
-    from cbjax.bench.workload import make_workload
-
-    return make_workload(
-        dict(kind="synthetic", num_requests=24, seed=99, arrival="poisson", request_rate=30.0,
-             prompt_len=dict(dist="uniform", low=8, high=600), output_len=dict(dist="uniform", low=4, high=100),
-             vocab_size=vocab_size, max_model_len=ENGINE["max_model_len"])
-    )  # fmt: skip
-
-
-def machine_speed(probe_engine, probe, cost) -> float:
-    """Measured / predicted seconds of the probe's steps now: > 1 when the machine runs slower than at calibration."""
-    from experiments.measured_steps import measure
-
-    feats, times, _ = measure(probe_engine, probe)
-    return sum(times) / sum(map(cost.step_time, feats))
-
-
 def case_workload(model: str, workload_fields: dict, scale: float) -> list:
     from cbjax.bench.workload import make_workload
     from cbjax.model.registry import model_config_of
@@ -157,40 +136,37 @@ def compare(out: dict, key: str, sim: dict, steps, cost) -> None:
     out[f"step_time_error{key}"] = sum(map(cost.step_time, feats)) / sum(times) - 1
 
 
-def run_case(model: str, cost, workload: list, options: dict) -> tuple[dict, tuple]:
-    """One case: the real engine `--real_repeats` times (each between two probes of the machine's speed), then the
-    simulator with the profile as fitted ("sim") and scaled by the machine's speed around the first real run
-    ("sim_speed_scaled"). "real_spread" is each later real run against the first. Returns the results and the
-    first real run's steps (features, seconds)."""
+def run_case(name: str, profile: str | None, workload: list, options: dict) -> tuple[dict, tuple, tuple]:
+    """One case: the real engine `--real_repeats` times, a fresh engine each time; with `profile` None
+    (--recalibrate), a calibration round right before each real run and the case's profile fitted on all its
+    rounds, so the calibration brackets the real runs in time. Then the simulator with that profile. "real_spread"
+    is each later real run against the first. Returns the results, the first real run's steps and the case's
+    calibration steps (features, seconds)."""
     from cbjax.core.clock import VirtualClock
     from cbjax.engine import LLMEngine
-    from cbjax.model.registry import model_config_of
+    from cbjax.sim import CalibratedCost, load_profile
     from experiments.measured_steps import measure
 
-    probe = probe_workload(model_config_of(model).vocab_size)
-    # The probe runs on its own engine with the calibration's options (no prefix cache to disturb the case's).
-    prober = LLMEngine(model, clock=VirtualClock(), **ENGINE)
-    prober.wait_until_warm()
-    out, first_steps = {"real_runs": [], "speed": []}, None
+    out, first_steps, rounds = {"real_runs": []}, None, ([], [])
     for _ in range(FLAGS.real_repeats):
-        before = machine_speed(prober, probe, cost)
-        engine = LLMEngine(model, clock=VirtualClock(), **dict(ENGINE, **options))
+        if profile is None:
+            cal = calibration_round(name, len(out["real_runs"]))
+            rounds[0].extend(cal.features)
+            rounds[1].extend(cal.times)
+        engine = LLMEngine(FLAGS.model, clock=VirtualClock(), **dict(ENGINE, **options))
         engine.wait_until_warm()
         feats, times, res = measure(engine, workload)
         del engine
-        after = machine_speed(prober, probe, cost)
-        out["speed"].append([before, after])
         out["real_runs"].append(summary(res))
         first_steps = first_steps or (feats, times)
-    del prober
+    cost = CalibratedCost.fit(*rounds) if profile is None else load_profile(profile)
+    out["profile"] = profile or save_case_profile(name, cost)
     out["real"] = out["real_runs"][0]
     # The median real run, metric by metric (with >= 3 runs, one slow or fast sitting does not set it).
     out["real_median"] = {k: statistics.median(r[k] for r in out["real_runs"]) for k in METRICS}
     out["real_spread"] = [{k: r[k] / out["real"][k] - 1 for k in METRICS} for r in out["real_runs"][1:]]
-    scaled = cost.scaled(sum(out["speed"][0]) / 2)
-    for key, c in (("", cost), ("_speed_scaled", scaled)):
-        compare(out, key, simulate(model, workload, options, c), first_steps, c)
-    return out, first_steps
+    compare(out, "", simulate(FLAGS.model, workload, options, cost), first_steps, cost)
+    return out, first_steps, rounds
 
 
 def table(results: dict, errors: str, step_key: str | None, title: str) -> str:
@@ -208,36 +184,77 @@ def table(results: dict, errors: str, step_key: str | None, title: str) -> str:
     return "\n".join(lines)
 
 
-def fresh_profile(case: str):
-    """Fit a profile on the calibration sweep now (not on the case's workload); returns its path and the sweep."""
-    import datetime
+def against_real_range(results: dict) -> str:
+    """Each metric: the simulator (as fitted) against the median real run, and in brackets the real runs' own range
+    around that median; * marks a simulated figure inside that range or within 10% of the median."""
+    head = "| case | " + " | ".join(METRICS) + " |"
+    lines = [head, "|" + "---|" * (len(METRICS) + 1)]
+    for name, r in results.items():
+        cells = []
+        for k in METRICS:
+            med = r["real_median"][k]
+            lo, hi = (min(x[k] for x in r["real_runs"]) / med - 1, max(x[k] for x in r["real_runs"]) / med - 1)
+            e = r["error_vs_median"][k]
+            ok = "*" if lo - 1e-12 <= e <= hi + 1e-12 or abs(e) <= 0.10 else ""
+            cells.append(f"{e:+.1%}{ok} [{lo:+.0%}, {hi:+.0%}]")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
-    from cbjax.sim import save_profile
+
+def report(results: dict) -> str:
+    first = next(iter(results.values()))
+    parts = [
+        "Simulator (as fitted) / the median real run - 1 [the real runs' own range around their median]:",
+        against_real_range(results),
+        table(results, "error", "step_time_error", "Simulator / the first real run - 1, the profile as fitted:"),
+        table(results, "real_spread", None, "The real engine against itself (second real run / first - 1):"),
+    ]
+    if "sim_pooled" in first:
+        title = "Simulator, one profile fitted on every case's calibration / the median real run - 1:"
+        parts.append(table(results, "error_pooled_vs_median", "step_time_error_pooled", title))
+    return "\n\n".join(parts)
+
+
+def calibration_round(case: str, i: int):
+    """The calibration sweep, now (never on a case's workload): round i of `case`'s calibration."""
     from experiments.calibration_sweep import calibrate
 
-    start = datetime.datetime.now().astimezone()
-    load = list(os.getloadavg())
-    opts = dict(ENGINE)
-    cal = calibrate(FLAGS.model, opts, seed=FLAGS.calibration_seed, scale=FLAGS.calibration_scale, log=lambda s: None)
-    path = os.path.join(os.path.dirname(os.path.abspath(FLAGS.output)), "sim_fidelity_profiles", f"{case}.json")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    meta = dict(model=FLAGS.model, engine_options=opts, date=start.isoformat(timespec="seconds"),
-                load_average_before=load, steps_per_sweep=cal.steps_per_sweep, fitted_for_case=case,
-                calibration_scale=FLAGS.calibration_scale, calibration_seed=FLAGS.calibration_seed)  # fmt: skip
-    save_profile(cal.model, path, meta)
+    load = os.getloadavg()[0]
+    cal = calibrate(FLAGS.model, dict(ENGINE), seed=FLAGS.calibration_seed, scale=FLAGS.calibration_scale,
+                    log=lambda s: None)  # fmt: skip
     if FLAGS.steps_output:
         from experiments.measured_steps import write_steps
 
-        write_steps(os.path.join(FLAGS.steps_output, f"{case}_calibration.jsonl"), cal.groups())
-    print(f"{case}: profile fitted on {len(cal.times)} calibration steps (load {load[0]:.1f})", flush=True)
-    return path, cal
+        write_steps(os.path.join(FLAGS.steps_output, f"{case}_calibration{i}.jsonl"), cal.groups())
+    print(f"{case}: calibration round {i}, {len(cal.times)} steps (load {load:.1f})", flush=True)
+    return cal
+
+
+def save_case_profile(case: str, cost) -> str:
+    """Write the profile fitted for `case` next to the output; returns its path."""
+    import datetime
+
+    from cbjax.sim import save_profile
+
+    path = os.path.join(os.path.dirname(os.path.abspath(FLAGS.output)), "sim_fidelity_profiles", f"{case}.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    meta = dict(model=FLAGS.model, engine_options=dict(ENGINE), fitted_for_case=case,
+                date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+                load_average=list(os.getloadavg()), calibration_rounds=FLAGS.real_repeats,
+                calibration_scale=FLAGS.calibration_scale, calibration_seed=FLAGS.calibration_seed)  # fmt: skip
+    save_profile(cost, path, meta)
+    return path
 
 
 def main(argv):
     del argv
-    from cbjax.sim import CalibratedCost, load_profile
+    from cbjax.sim import CalibratedCost
     from experiments.measured_steps import write_steps
 
+    if FLAGS.report:
+        with open(FLAGS.report) as f:
+            print(report(json.load(f)["cases"]))
+        return
     names = FLAGS.cases or list(CASES)
     unknown = sorted(set(names) - set(CASES))
     if unknown:
@@ -249,18 +266,15 @@ def main(argv):
     load = list(os.getloadavg())
     results, calibration, real_steps = {}, ([], []), {}
     for name in names:
-        profile = FLAGS.profile
-        if FLAGS.recalibrate:
-            profile, cal = fresh_profile(name)
-            calibration[0].extend(cal.features)
-            calibration[1].extend(cal.times)
         workload = case_workload(FLAGS.model, CASES[name][0], FLAGS.scale)
-        results[name], real_steps[name] = run_case(FLAGS.model, load_profile(profile), workload, CASES[name][1])
+        results[name], real_steps[name], rounds = run_case(name, FLAGS.profile, workload, CASES[name][1])
+        calibration[0].extend(rounds[0])
+        calibration[1].extend(rounds[1])
         if FLAGS.steps_output:
             write_steps(os.path.join(FLAGS.steps_output, f"{name}_real.jsonl"), {"real": real_steps[name]})
-        results[name].update(profile=profile, load_average=list(os.getloadavg()))
+        results[name].update(load_average=list(os.getloadavg()))
         r = results[name]
-        print(name, json.dumps(r["error"]), "step times", r["step_time_error"], "speed", r["speed"], flush=True)
+        print(name, json.dumps(r["error_vs_median"]), "step times", r["step_time_error"], flush=True)
     if FLAGS.recalibrate and len(names) > 1:
         # Every case's calibration sweep in one fit: the machine's typical speed over the whole sitting, the
         # counterpart of the median real run.
@@ -269,20 +283,13 @@ def main(argv):
             workload = case_workload(FLAGS.model, CASES[name][0], FLAGS.scale)
             sim = simulate(FLAGS.model, workload, CASES[name][1], pooled)
             compare(results[name], "_pooled", sim, real_steps[name], pooled)
-    print(table(results, "error", "step_time_error", "Simulator / real - 1, the profile as fitted:"))
-    print(table(results, "error_speed_scaled", "step_time_error_speed_scaled",
-                "The profile scaled by the machine's speed around the real run (the probe):"))  # fmt: skip
-    print(table(results, "real_spread", None, "The real engine against itself (second real run / first - 1):"))
-    print(table(results, "error_vs_median", None, "Simulator (as fitted) / the median of the real runs - 1:"))
-    if "sim_pooled" in results[names[0]]:
-        title = "Simulator, one profile fitted on every case's calibration / the median of the real runs - 1:"
-        print(table(results, "error_pooled_vs_median", "step_time_error_pooled", title))
     os.makedirs(os.path.dirname(os.path.abspath(FLAGS.output)), exist_ok=True)
     with open(FLAGS.output, "w") as f:
         json.dump(dict(profile=FLAGS.profile, recalibrate=FLAGS.recalibrate, calibration_scale=FLAGS.calibration_scale,
                        real_repeats=FLAGS.real_repeats,
                        load_average_before=load, load_average_after=list(os.getloadavg()),
                        cases=results), f, indent=1)  # fmt: skip
+    print(report(results))
     print(f"written: {FLAGS.output}")
 
 

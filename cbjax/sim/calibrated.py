@@ -76,16 +76,6 @@ class CalibratedCost:
         t = self.intercept(f.padded_tokens) + sum(map(operator.mul, self._coefs, self._shared(f)))
         return max(t, 1e-7)  # time always moves forward
 
-    def scaled(self, factor: float) -> "CalibratedCost":
-        """The same profile on a machine `factor` times slower (every step's time times `factor`)."""
-        if not factor > 0:
-            raise ValueError(f"scale factor must be > 0, got {factor}")
-        return CalibratedCost(
-            {b: v * factor for b, v in self.intercepts.items()},
-            {k: v * factor for k, v in self.coefficients.items()},
-            dict(self.fit_stats, scaled_by=factor * self.fit_stats.get("scaled_by", 1.0)),
-        )
-
     @classmethod
     def fit(cls, features: Sequence[StepFeatures], times: Sequence[float]) -> "CalibratedCost":
         """Least squares over measured steps: `times[i]` (seconds) is what step `features[i]` took. Robust to the

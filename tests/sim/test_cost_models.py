@@ -79,15 +79,6 @@ def test_the_machines_hiccups_do_not_move_the_fit(monkeypatch):
     assert worst_error(CalibratedCost.fit(feats, times)) > 0.3
 
 
-def test_a_scaled_profile_predicts_every_step_that_much_slower():
-    m = CalibratedCost({16: 2e-3, 64: 5e-3}, dict(num_seqs=1e-4, sum_context=3e-7))
-    slow = m.scaled(1.25)
-    for f in synthetic_steps(np.random.default_rng(3), 50):
-        assert slow.step_time(f) == pytest.approx(1.25 * m.step_time(f))
-    with pytest.raises(ValueError, match="> 0"):
-        m.scaled(0.0)
-
-
 def test_a_bucket_seen_in_a_few_steps_stays_near_the_line_and_a_well_seen_one_keeps_its_own():
     """Partial pooling of the intercepts (SHRINK_STEPS): one noisy step in bucket 96 does not set its intercept,
     while bucket 64, seen 500 times 40% above the line, keeps its own. (Intercepts only: no shared feature varies.)"""

@@ -1,12 +1,15 @@
-"""Paged decode attention for CPU: a C++ XLA FFI custom call (cpu_decode_attention.cc), built on first use.
+"""Paged attention for CPU: a C++ XLA FFI custom call (cpu_attention_ffi.cc and the files it calls), built on first use.
 
-XLA:CPU lowers the decode loop of xla_attention.py to page-block gathers and tiny batched dots (~2-3 GB/s of
-K/V); the C++ handler walks the page table and does q . K and p . V in registers. `cpu_decode_attention` fills
-the rows of decode sequences (q_len 1) and leaves every other row zero, for the XLA prefill path to fill.
+XLA:CPU lowers the loops of xla_attention.py to page-block gathers and tiny batched dots (~2-3 GB/s of K/V for
+decode; prefill blocks rebuild masks and gathers per block); the C++ handler walks the page table and does q . K
+and p . V in registers. `cpu_ragged_attention` fills the rows of decode sequences (q_len 1,
+cpu_decode_attention.cc), of prefill sequences (q_len > 1, cpu_prefill_attention.cc), or both, and leaves every
+other row zero (for the XLA path to fill, when it does the other kind). `cpu_decode_attention` is its decode-only
+form.
 
 The shared library is compiled with the system C++ compiler (`$CXX`, else `c++`) into a per-user cache,
-`$XDG_CACHE_HOME/cbjax/kernels` (default `~/.cache/cbjax/kernels`), under a name that hashes the source, the
-flags, the compiler, jaxlib's version and the CPU (`-march=native`), so an edit or another machine builds anew
+`$XDG_CACHE_HOME/cbjax/kernels` (default `~/.cache/cbjax/kernels`), under a name that hashes every source file,
+the flags, the compiler, jaxlib's version and the CPU (`-march=native`), so an edit or another machine builds anew
 and concurrent builders never see a half-written file (temp file + rename). The FFI target's name carries the
 same hash: a compiled step program saved to disk by another build names a target this process does not have,
 so loading it fails (and the program cache compiles afresh) instead of running stale code.
@@ -34,9 +37,20 @@ import numpy as np
 
 from kernels_pallas import kv_quant
 
-_SOURCE = pathlib.Path(__file__).with_name("cpu_decode_attention.cc")
-_FLAGS = ("-O3", "-march=native", "-std=c++17", "-fopenmp-simd", "-fPIC", "-shared", "-DNDEBUG")
-_SYMBOL = "CbjaxCpuDecodeAttention"
+_HERE = pathlib.Path(__file__).parent
+# Every file the library is built from: all of them go into the cache key and the target's name.
+_SOURCES = tuple(
+    _HERE / name
+    for name in (
+        "cpu_attention_common.h",
+        "cpu_decode_attention.cc",
+        "cpu_prefill_attention.cc",
+        "cpu_attention_ffi.cc",
+    )
+)
+_FLAGS = ("-O3", "-march=native", "-std=c++17", "-fopenmp-simd", "-fPIC", "-DNDEBUG")
+_SYMBOL = "CbjaxCpuRaggedAttention"
+ROWS = {"decode": 1, "prefill": 2, "both": 3}  # which sequences' rows a call fills (the handler's `rows`)
 _lock = threading.Lock()
 _state: dict = {}  # "lib", "target" once registered; "error" once failed
 
@@ -59,12 +73,14 @@ def _cpu_signature() -> str:
 def _build_key() -> tuple[str, str] | None:
     """(hash, compiler path), or None without a compiler. Cheap: no subprocess (a stat of the compiler)."""
     cxx = _compiler()
-    if cxx is None or not _SOURCE.is_file():
+    if cxx is None or not all(f.is_file() for f in _SOURCES):
         return None
     real = os.path.realpath(cxx)
     st = os.stat(real)
     h = hashlib.sha256()
-    for part in (_SOURCE.read_bytes(), repr(_FLAGS).encode(), f"{real}:{st.st_size}:{st.st_mtime_ns}".encode()):
+    for f in _SOURCES:
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    for part in (repr(_FLAGS).encode(), f"{real}:{st.st_size}:{st.st_mtime_ns}".encode()):
         h.update(part)
     h.update(jaxlib.__version__.encode())
     h.update(_cpu_signature().encode())
@@ -77,7 +93,7 @@ def _cache_dir() -> pathlib.Path:
 
 
 def _library_path(digest: str) -> pathlib.Path:
-    return _cache_dir() / f"cpu_decode_attention-{digest}.so"
+    return _cache_dir() / f"cpu_attention-{digest}.so"
 
 
 def _build(cxx: str, path: pathlib.Path) -> None:
@@ -85,10 +101,22 @@ def _build(cxx: str, path: pathlib.Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        cmd = [cxx, *_FLAGS, "-isystem", jax.ffi.include_dir(), str(_SOURCE), "-o", tmp]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        if res.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed:\n{res.stderr[-4000:]}")
+        with tempfile.TemporaryDirectory(dir=path.parent) as objs:
+            # One compiler per translation unit, all at once (they take ~10 s each), then one link.
+            units = [f for f in _SOURCES if f.suffix == ".cc"]
+            cmds = [
+                [cxx, *_FLAGS, "-isystem", jax.ffi.include_dir(), "-c", str(f), "-o", f"{objs}/{f.stem}.o"]
+                for f in units
+            ]
+            procs = [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for c in cmds]
+            for cmd, proc in zip(cmds, procs):
+                _, err = proc.communicate(timeout=300)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"{' '.join(cmd)} failed:\n{err[-4000:]}")
+            cmd = [cxx, *_FLAGS, "-shared", *(f"{objs}/{f.stem}.o" for f in units), "-o", tmp]
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            if res.returncode != 0:
+                raise RuntimeError(f"{' '.join(cmd)} failed:\n{res.stderr[-4000:]}")
         os.replace(tmp, path)  # atomic: a concurrent builder or reader sees no half-written library
     finally:
         if os.path.exists(tmp):
@@ -97,7 +125,7 @@ def _build(cxx: str, path: pathlib.Path) -> None:
 
 def _register(path: pathlib.Path, digest: str) -> None:
     lib = ctypes.cdll.LoadLibrary(str(path))
-    target = f"cbjax_cpu_decode_attention_{digest}"
+    target = f"cbjax_cpu_attention_{digest}"
     jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, _SYMBOL)), platform="cpu")
     _state.update(lib=lib, target=target)
 
@@ -148,7 +176,7 @@ def default_num_threads() -> int:
         return os.cpu_count() or 1
 
 
-def cpu_decode_attention(
+def cpu_ragged_attention(
     q,
     k_pages,
     v_pages,
@@ -157,6 +185,7 @@ def cpu_decode_attention(
     cu_q_lens,
     num_seqs,
     *,
+    rows: str = "both",
     sm_scale: float | None = None,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
@@ -164,15 +193,18 @@ def cpu_decode_attention(
     k_scales=None,
     v_scales=None,
 ):
-    """Decode attention over the paged cache: [T, N, H] in q's dtype, the decode sequences' rows filled (all
-    heads), zeros elsewhere. Shapes and masking rules: docs/kernels.md. q float32 or bfloat16; k_pages and
-    v_pages one of those too (may differ from q's: a float32 model with a bfloat16 cache), or int8 with their
-    float32 scales k_scales / v_scales [K, P, G, 1] (kernels_pallas/kv_quant.py).
-    `num_threads` (default: this process's CPUs) caps the threads the kernel uses (1: the calling thread only).
-    Jittable; runs on the CPU backend only. Raises RuntimeError if the kernel is unavailable (see `available`)."""
+    """Ragged paged attention over the cache: [T, N, H] in q's dtype. `rows` picks the sequences whose rows are
+    filled (all heads): "decode" (q_len 1), "prefill" (q_len > 1) or "both"; every other row is zero. Shapes and
+    masking rules: docs/kernels.md. q float32 or bfloat16; k_pages and v_pages one of those too (may differ from
+    q's: a float32 model with a bfloat16 cache), or int8 with their float32 scales k_scales / v_scales
+    [K, P, G, 1] (kernels_pallas/kv_quant.py). `num_threads` (default: this process's CPUs) caps the threads the
+    kernel uses (1: the calling thread only). Jittable; runs on the CPU backend only. Raises RuntimeError if the
+    kernel is unavailable (see `available`)."""
     target = _ensure(build=True)
     if target is None:
-        raise RuntimeError(f"cpu_decode_attention is unavailable: {unavailable_reason()}")
+        raise RuntimeError(f"the CPU attention kernel is unavailable: {unavailable_reason()}")
+    if rows not in ROWS:
+        raise ValueError(f"rows must be one of {tuple(ROWS)}, got {rows!r}")
     q, k_pages, v_pages = (jnp.asarray(x) for x in (q, k_pages, v_pages))
     if q.ndim != 3 or k_pages.ndim != 4 or v_pages.shape != k_pages.shape:
         raise ValueError(
@@ -211,7 +243,13 @@ def cpu_decode_attention(
         soft_cap=np.float32(0.0 if soft_cap is None else soft_cap),
         sliding_window=np.int32(0 if sliding_window is None else sliding_window),
         num_threads=np.int32(default_num_threads() if num_threads is None else num_threads),
+        rows=np.int32(ROWS[rows]),
     )
+
+
+def cpu_decode_attention(*args, **kwargs):
+    """`cpu_ragged_attention` with rows="decode": the decode sequences' rows filled, zeros elsewhere."""
+    return cpu_ragged_attention(*args, rows="decode", **kwargs)
 
 
 # A step program saved to disk by an earlier process may call the kernel without this process tracing it:

@@ -16,10 +16,11 @@ Both use an online softmax in float32. Decode work is tightest when decodes come
 packs them so), but any order is correct. Masked K/V positions are zeroed before use, so NaN or stale data in
 unused pages never reaches an output. Rows past cu_q_lens[num_seqs] are zeros.
 
-The decode half has a faster twin on CPU: a C++ FFI kernel (cpu_attention.py) that walks the page table itself
-(XLA's version runs at ~2-3 GB/s of K/V, bound by gathers and tiny dots). `decode_impl` picks it: "ffi", "xla",
-or "auto" (the default; the CBJAX_DECODE_ATTENTION environment variable, "ffi" | "xla" | "auto", overrides it):
-the FFI kernel on the CPU backend when it builds, else the XLA loop. The prefill half is XLA either way.
+Both halves have a faster twin on CPU: a C++ FFI kernel (cpu_attention.py) that walks the page table itself
+(XLA's decode loop runs at ~2-3 GB/s of K/V, bound by gathers and tiny dots). `decode_impl` and `prefill_impl`
+pick it per half: "ffi", "xla", or "auto" (the default; the environment variables CBJAX_DECODE_ATTENTION and
+CBJAX_PREFILL_ATTENTION, "ffi" | "xla" | "auto", override them): the FFI kernel on the CPU backend when it
+builds, else the XLA loop. With both on "ffi" one kernel call fills every row and no XLA loop runs.
 """
 
 import functools
@@ -32,22 +33,20 @@ import jax.numpy as jnp
 from kernels_pallas import cpu_attention, kv_quant
 
 _NEG = -1e30
-DECODE_IMPLS = ("auto", "ffi", "xla")
+DECODE_IMPLS = PREFILL_IMPLS = ("auto", "ffi", "xla")
 DECODE_ENV_VAR = "CBJAX_DECODE_ATTENTION"
+PREFILL_ENV_VAR = "CBJAX_PREFILL_ATTENTION"
 _log = logging.getLogger("cbjax")
 
 
-def resolve_decode_impl(decode_impl: str = "auto") -> str:
-    """ "ffi" or "xla" for the decode rows (see the module docstring); the environment variable wins."""
-    decode_impl = os.environ.get(DECODE_ENV_VAR) or decode_impl
-    if decode_impl not in DECODE_IMPLS:
-        raise ValueError(f"decode_impl ({DECODE_ENV_VAR}) must be one of {DECODE_IMPLS}, got {decode_impl!r}")
-    if decode_impl == "ffi" and not cpu_attention.available():
-        raise RuntimeError(
-            f"decode_impl='ffi', but the CPU kernel is unavailable: {cpu_attention.unavailable_reason()}"
-        )
-    if decode_impl != "auto":
-        return decode_impl
+def _resolve(impl: str, env_var: str, name: str) -> str:
+    impl = os.environ.get(env_var) or impl
+    if impl not in DECODE_IMPLS:
+        raise ValueError(f"{name} ({env_var}) must be one of {DECODE_IMPLS}, got {impl!r}")
+    if impl == "ffi" and not cpu_attention.available():
+        raise RuntimeError(f"{name}='ffi', but the CPU kernel is unavailable: {cpu_attention.unavailable_reason()}")
+    if impl != "auto":
+        return impl
     if jax.default_backend() != "cpu":
         return "xla"
     if cpu_attention.available():
@@ -56,9 +55,24 @@ def resolve_decode_impl(decode_impl: str = "auto") -> str:
     return "xla"
 
 
+def resolve_decode_impl(decode_impl: str = "auto") -> str:
+    """ "ffi" or "xla" for the decode rows (see the module docstring); the environment variable wins."""
+    return _resolve(decode_impl, DECODE_ENV_VAR, "decode_impl")
+
+
+def resolve_prefill_impl(prefill_impl: str = "auto") -> str:
+    """ "ffi" or "xla" for the prefill rows (see the module docstring); the environment variable wins."""
+    return _resolve(prefill_impl, PREFILL_ENV_VAR, "prefill_impl")
+
+
+def resolve_cpu_impls() -> tuple[str, str]:
+    """(decode, prefill) implementations the default options trace to: part of every step program's key."""
+    return resolve_decode_impl(), resolve_prefill_impl()
+
+
 @functools.cache
 def _warn_unavailable_once(reason: str) -> None:
-    _log.warning("cbjax: CPU decode attention kernel unavailable, using the XLA path (%s)", reason)
+    _log.warning("cbjax: CPU attention kernel unavailable, using the XLA path (%s)", reason)
 
 
 def _pad_to(x, multiple: int, axis: int, value=0):
@@ -98,6 +112,7 @@ def xla_ragged_paged_attention(
     prefill_kv_block: int = 256,
     q_block: int = 128,
     decode_impl: str = "auto",
+    prefill_impl: str = "auto",
     k_scales=None,
     v_scales=None,
 ):
@@ -105,11 +120,21 @@ def xla_ragged_paged_attention(
     gathered block is dequantized in float32 before use, then masked like float pages (a NaN scale in an unused
     row never reaches an output)."""
     decode_impl = resolve_decode_impl(decode_impl)
+    prefill_impl = resolve_prefill_impl(prefill_impl)
     q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs = (
         jnp.asarray(x) for x in (q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
     )
     k_scales, v_scales = (None if x is None else jnp.asarray(x) for x in (k_scales, v_scales))
     kv_quant.check_scales(k_pages, v_pages, k_scales, v_scales)
+    # The C++ kernel (cpu_attention.py): `rows` says which sequences' rows it fills, zeros elsewhere.
+    kernel_kw = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
+    if k_scales is not None:
+        kernel_kw.update(k_scales=k_scales, v_scales=v_scales)
+    kernel = functools.partial(
+        cpu_attention.cpu_ragged_attention, q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs
+    )
+    if decode_impl == prefill_impl == "ffi":  # one call fills every row, padding rows zero: no XLA loop at all
+        return kernel(rows="both", **kernel_kw)
     dequant = lambda pages, scales, *idx: kv_quant.dequantize(pages[idx], None if scales is None else scales[idx])
     T, N, H = q.shape
     K, _, G, _ = k_pages.shape
@@ -174,13 +199,7 @@ def xla_ragged_paged_attention(
         return jax.lax.dynamic_update_slice_in_dim(out, res, lo, 0)
 
     if decode_impl == "ffi":  # decode rows filled, zeros elsewhere
-        kw = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
-        if k_scales is not None:
-            kw.update(k_scales=k_scales, v_scales=v_scales)
-        dec_out = cpu_attention.cpu_decode_attention(
-            q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs, **kw
-        )
-        dec_out = dec_out.astype(jnp.float32)
+        dec_out = kernel(rows="decode", **kernel_kw).astype(jnp.float32)
     else:
         dec_out = jax.lax.fori_loop(0, n_slot_blocks, decode_slot_block, jnp.zeros((dec_kv.shape[0], N, H)))
         dec_out = dec_out[seg_t]  # [T, N, H]
@@ -247,7 +266,10 @@ def xla_ragged_paged_attention(
         res = (acc / jnp.maximum(l, 1e-30)[..., None]).transpose(1, 0, 2, 3).reshape(qbk, N, H)
         return jax.lax.dynamic_update_slice_in_dim(out, res, r0, 0)
 
-    pf_out = jax.lax.fori_loop(0, n_row_blocks, prefill_row_block, jnp.zeros((Tp, N, H)))[:T]
+    if prefill_impl == "ffi":  # prefill rows filled, zeros elsewhere
+        pf_out = kernel(rows="prefill", **kernel_kw).astype(jnp.float32)
+    else:
+        pf_out = jax.lax.fori_loop(0, n_row_blocks, prefill_row_block, jnp.zeros((Tp, N, H)))[:T]
 
     use_dec = (is_decode[seg_t] & row_valid)[:, None, None]
     use_pf = row_pf[:, None, None]

@@ -52,7 +52,7 @@ class DraftRunner:
         kv_cache_dtype: str,
         put,
         device,
-        decode_impl,
+        cpu_impls,
         compiles: CompileCounter,
     ):
         self.cfg = model.cfg
@@ -63,7 +63,7 @@ class DraftRunner:
         arrays = kv_cache_arrays(self.cfg, num_pages + 1, page_size, kv_cache_dtype)
         self.kv_caches = [tuple(put(jnp.zeros(*a)) for a in arrays) for _ in range(self.cfg.num_layers)]
         self.buckets, self.pad_page = buckets, num_pages
-        self.backend, self.interpret, self.device, self._decode_impl = backend, interpret, device, decode_impl
+        self.backend, self.interpret, self.device, self._cpu_impls = backend, interpret, device, cpu_impls
         self.avals = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding if device is not None else None),
             (self.params, self.kv_caches),
@@ -80,7 +80,7 @@ class DraftRunner:
     def _prefill_key(self, T: int) -> tuple:
         b = self.buckets
         device = None if self.device is None else self.device.id
-        return ("draft-prefill", self.key(), self.backend, self._decode_impl, self.interpret, device, T, b.slots(T))
+        return ("draft-prefill", self.key(), self.backend, self._cpu_impls, self.interpret, device, T, b.slots(T))
 
     def _build_prefill(self, T: int):
         b = self.buckets

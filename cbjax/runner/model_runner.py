@@ -23,7 +23,7 @@ from cbjax.runner.static_arg import intern
 from cbjax.runner.step_input import BucketTable, StepInput, empty_step_input, pack_step
 from cbjax.runner.step_programs import StepPrograms
 from cbjax.runner.verify import head_and_verify
-from kernels_pallas.xla_attention import resolve_decode_impl
+from kernels_pallas.xla_attention import resolve_cpu_impls
 
 WARMUP_MODES = ("full", "background", "none")
 
@@ -231,7 +231,7 @@ class ModelRunner:
         )
         self.draft = None
         if draft_model is not None:
-            decode = resolve_decode_impl() if backend == "xla" else None
+            cpu_impls = resolve_cpu_impls() if backend == "xla" else None
             self.draft = DraftRunner(
                 draft_model,
                 num_pages=num_pages,
@@ -242,7 +242,7 @@ class ModelRunner:
                 kv_cache_dtype=kv_cache_dtype,
                 put=put,
                 device=device,
-                decode_impl=decode,
+                cpu_impls=cpu_impls,
                 compiles=self.compiles,
             )
         self.programs = StepPrograms(buckets.token_buckets, self._build_program, self._program_key, self.compiles)
@@ -288,12 +288,13 @@ class ModelRunner:
     def _program_key(self, T: int, verify: bool = False) -> tuple:
         b = self.buckets
         shapes = tuple((a.shape, a.dtype) for a in jax.tree.leaves(self._avals))
-        # The xla backend's decode rows run the C++ kernel or the XLA loop (chosen at trace time, see xla_attention).
-        decode = resolve_decode_impl() if self.backend == "xla" else None
+        # The xla backend's decode and prefill rows run the C++ kernel or the XLA loop (chosen at trace time, see
+        # xla_attention).
+        cpu_impls = resolve_cpu_impls() if self.backend == "xla" else None
         return (
             self.graphdef,
             self.backend,
-            decode,
+            cpu_impls,
             self.interpret,
             None if self.device is None else self.device.id,
             self.mesh,

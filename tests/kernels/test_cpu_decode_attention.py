@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from kernels_pallas import cpu_attention
-from kernels_pallas.xla_attention import resolve_decode_impl, xla_ragged_paged_attention
+from kernels_pallas.xla_attention import resolve_decode_impl, resolve_prefill_impl, xla_ragged_paged_attention
 from tests.kernels.test_xla_attention import CASES, make_case
 from tests.kernels.test_xla_attention import naive as naive_all
 
@@ -197,7 +197,8 @@ def test_rejects_bad_inputs():
         cpu_attention.cpu_decode_attention(q[:, :3], k, v, *meta)
 
 
-# ---- inside the XLA ragged path: the FFI decode rows combined with the XLA prefill rows ----------------------
+# ---- inside the XLA ragged path: the FFI decode rows combined with the XLA prefill rows ---------------------
+# (the FFI prefill rows: test_cpu_prefill_attention.py)
 
 
 @needs_kernel
@@ -210,7 +211,9 @@ def test_ragged_with_ffi_decode_matches_naive_and_xla_decode(name, window, soft_
     kw = dict(
         sliding_window=window, soft_cap=soft_cap, slot_block=2, decode_kv_block=16, prefill_kv_block=32, q_block=8
     )
-    run = lambda impl: np.asarray(jax.jit(lambda *a: xla_ragged_paged_attention(*a, decode_impl=impl, **kw))(*args))
+    run = lambda impl: np.asarray(
+        jax.jit(lambda *a: xla_ragged_paged_attention(*a, decode_impl=impl, prefill_impl="xla", **kw))(*args)
+    )
     got, xla = run("ffi"), run("xla")
     want = naive(*args, window=window, soft_cap=soft_cap)
     assert np.all(np.isfinite(got)), "NaN from an unused page reached the output"
@@ -225,8 +228,8 @@ def test_ragged_bfloat16_ffi_close_to_xla():
     rng = np.random.default_rng(3)
     args = make_case(rng, [1, 1, 9, 1], [20, 3, 9, 70])
     q, k, v = (jnp.asarray(np.nan_to_num(x), jnp.bfloat16) for x in args[:3])
-    ffi = xla_ragged_paged_attention(q, k, v, *args[3:], decode_impl="ffi")
-    xla = xla_ragged_paged_attention(q, k, v, *args[3:], decode_impl="xla")
+    ffi = xla_ragged_paged_attention(q, k, v, *args[3:], decode_impl="ffi", prefill_impl="xla")
+    xla = xla_ragged_paged_attention(q, k, v, *args[3:], decode_impl="xla", prefill_impl="xla")
     assert ffi.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(ffi, np.float32), np.asarray(xla, np.float32), atol=2e-2, rtol=2e-2)
 
@@ -234,21 +237,29 @@ def test_ragged_bfloat16_ffi_close_to_xla():
 # ---- choosing the implementation, and falling back when the kernel cannot be built ---------------------------
 
 
-def test_resolve_decode_impl(monkeypatch):
-    monkeypatch.delenv("CBJAX_DECODE_ATTENTION", raising=False)
-    assert resolve_decode_impl("xla") == "xla"
-    assert resolve_decode_impl("auto") == ("ffi" if cpu_attention.available() else "xla")
-    monkeypatch.setenv("CBJAX_DECODE_ATTENTION", "xla")
-    assert resolve_decode_impl("auto") == "xla"
-    assert resolve_decode_impl("ffi") == "xla"  # the environment wins
-    monkeypatch.setenv("CBJAX_DECODE_ATTENTION", "bogus")
-    with pytest.raises(ValueError, match="decode_impl"):
-        resolve_decode_impl("auto")
+@pytest.mark.parametrize(
+    "resolve,env_var,name",
+    [
+        (resolve_decode_impl, "CBJAX_DECODE_ATTENTION", "decode_impl"),
+        (resolve_prefill_impl, "CBJAX_PREFILL_ATTENTION", "prefill_impl"),
+    ],
+)
+def test_resolve_impl(monkeypatch, resolve, env_var, name):
+    monkeypatch.delenv(env_var, raising=False)
+    assert resolve("xla") == "xla"
+    assert resolve("auto") == ("ffi" if cpu_attention.available() else "xla")
+    monkeypatch.setenv(env_var, "xla")
+    assert resolve("auto") == "xla"
+    assert resolve("ffi") == "xla"  # the environment wins
+    monkeypatch.setenv(env_var, "bogus")
+    with pytest.raises(ValueError, match=name):
+        resolve("auto")
 
 
 def test_build_failure_falls_back_to_xla(monkeypatch, tmp_path):
     """No working compiler: available() is False with a reason, "auto" takes the XLA path, results unchanged."""
     monkeypatch.delenv("CBJAX_DECODE_ATTENTION", raising=False)
+    monkeypatch.delenv("CBJAX_PREFILL_ATTENTION", raising=False)
     monkeypatch.setattr(cpu_attention, "_state", {})
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("CXX", "false")  # a "compiler" that always fails
@@ -256,9 +267,11 @@ def test_build_failure_falls_back_to_xla(monkeypatch, tmp_path):
     try:
         assert not cpu_attention.available()
         assert "failed" in cpu_attention.unavailable_reason()
-        assert resolve_decode_impl("auto") == "xla"
+        assert resolve_decode_impl("auto") == resolve_prefill_impl("auto") == "xla"
         with pytest.raises(RuntimeError, match="unavailable"):
             resolve_decode_impl("ffi")
+        with pytest.raises(RuntimeError, match="unavailable"):
+            resolve_prefill_impl("ffi")
         args = make_case(np.random.default_rng(0), [1, 4], [9, 4])
         got = np.asarray(xla_ragged_paged_attention(*args))
         np.testing.assert_allclose(got[:5], naive(*args)[:5], atol=2e-5, rtol=2e-5)

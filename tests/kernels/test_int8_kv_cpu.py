@@ -1,5 +1,6 @@
-"""int8 KV pages on the CPU paths: the XLA ragged attention (XLA and C++ decode rows) and the C++ decode kernel
-alone, against the naive float64 attention over the dequantized pages (kernels_pallas/kv_quant.py).
+"""int8 KV pages on the CPU paths: the XLA ragged attention (XLA loops, C++ decode rows, C++ for all rows) and
+the C++ decode kernel alone (the prefill kernel alone: test_cpu_prefill_attention.py), against the naive float64
+attention over the dequantized pages (kernels_pallas/kv_quant.py).
 
 Unused rows hold random int8 and NaN scales: dequantized, they are NaN, so a path that reads them fails."""
 
@@ -38,13 +39,17 @@ def check(got, want, args):
     assert np.all(got[T_live:] == 0), "padding rows must be zero"
 
 
-@pytest.mark.parametrize("decode_impl", ["xla", pytest.param("ffi", marks=needs_kernel)])
+@pytest.mark.parametrize(
+    "decode_impl,prefill_impl",
+    [("xla", "xla"), pytest.param("ffi", "xla", marks=needs_kernel), pytest.param("ffi", "ffi", marks=needs_kernel)],
+)
 @pytest.mark.parametrize("name", ["mixed_decode_first", "mixed_interleaved", "long_prefill_many_blocks"])
 @pytest.mark.parametrize("window,soft_cap", [(None, None), (6, 5.0)])
-def test_ragged_int8_matches_naive_over_dequantized_pages(decode_impl, name, window, soft_cap):
+def test_ragged_int8_matches_naive_over_dequantized_pages(decode_impl, prefill_impl, name, window, soft_cap):
     rng = np.random.default_rng(sorted(CASES).index(name))
     args, scales, (k_deq, v_deq) = quantize_case(rng, make_case(rng, *CASES[name]))
-    kw = dict(sliding_window=window, soft_cap=soft_cap, decode_impl=decode_impl, **BLOCKS, **scales)
+    impls = dict(decode_impl=decode_impl, prefill_impl=prefill_impl)
+    kw = dict(sliding_window=window, soft_cap=soft_cap, **impls, **BLOCKS, **scales)
     got = np.asarray(jax.jit(lambda *a: xla_ragged_paged_attention(*a, **kw))(*args))
     want = naive(args[0], k_deq, v_deq, *args[3:], window=window, soft_cap=soft_cap)
     check(got, want, args)

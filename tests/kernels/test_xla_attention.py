@@ -1,4 +1,6 @@
-"""The XLA ragged paged attention (the CPU default backend) against a naive per-sequence dense attention."""
+"""The XLA ragged paged attention (the CPU backend's fallback without a C++ compiler) against a naive
+per-sequence dense attention. Both halves are forced onto the XLA loops (XLA_ONLY): by default the CPU backend
+runs the C++ kernel (tested in test_cpu_decode_attention.py and test_cpu_prefill_attention.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -6,6 +8,8 @@ import numpy as np
 import pytest
 
 from kernels_pallas.xla_attention import xla_ragged_paged_attention
+
+XLA_ONLY = dict(decode_impl="xla", prefill_impl="xla")
 
 
 def naive(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs, window=None, soft_cap=None):
@@ -84,6 +88,7 @@ def test_matches_naive_attention_and_ignores_nan_padding(name, window, soft_cap)
                 decode_kv_block=16,
                 prefill_kv_block=32,
                 q_block=8,
+                **XLA_ONLY,
             )
         )(*args)
     )
@@ -98,9 +103,9 @@ def test_bfloat16_inputs_close_to_float32():
     rng = np.random.default_rng(3)
     args = make_case(rng, [1, 1, 9], [20, 3, 9])
     q, k, v = (np.nan_to_num(x) for x in args[:3])
-    f32 = np.asarray(xla_ragged_paged_attention(q, k, v, *args[3:]))
+    f32 = np.asarray(xla_ragged_paged_attention(q, k, v, *args[3:], **XLA_ONLY))
     bf = xla_ragged_paged_attention(
-        jnp.asarray(q, jnp.bfloat16), jnp.asarray(k, jnp.bfloat16), jnp.asarray(v, jnp.bfloat16), *args[3:]
+        jnp.asarray(q, jnp.bfloat16), jnp.asarray(k, jnp.bfloat16), jnp.asarray(v, jnp.bfloat16), *args[3:], **XLA_ONLY
     )
     assert bf.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(bf, np.float32), f32, atol=3e-2, rtol=3e-2)

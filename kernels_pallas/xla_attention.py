@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from kernels_pallas import cpu_attention, kv_quant
 
 _NEG = -1e30
-DECODE_IMPLS = PREFILL_IMPLS = ("auto", "ffi", "xla")
+IMPLS = ("auto", "ffi", "xla")  # decode_impl and prefill_impl alike
 DECODE_ENV_VAR = "CBJAX_DECODE_ATTENTION"
 PREFILL_ENV_VAR = "CBJAX_PREFILL_ATTENTION"
 _log = logging.getLogger("cbjax")
@@ -41,8 +41,8 @@ _log = logging.getLogger("cbjax")
 
 def _resolve(impl: str, env_var: str, name: str) -> str:
     impl = os.environ.get(env_var) or impl
-    if impl not in DECODE_IMPLS:
-        raise ValueError(f"{name} ({env_var}) must be one of {DECODE_IMPLS}, got {impl!r}")
+    if impl not in IMPLS:
+        raise ValueError(f"{name} ({env_var}) must be one of {IMPLS}, got {impl!r}")
     if impl == "ffi" and not cpu_attention.available():
         raise RuntimeError(f"{name}='ffi', but the CPU kernel is unavailable: {cpu_attention.unavailable_reason()}")
     if impl != "auto":

@@ -31,8 +31,9 @@ from cbjax.model.registry import model_config_of, resolve_checkpoint
 from cbjax.model.tokenizer import Tokenizer
 from cbjax.runner.acceptance import make_rule
 from cbjax.runner.compile_cache import configure_compilation_cache
-from cbjax.runner.model_runner import ModelRunner, StepHandle
+from cbjax.runner.model_runner import ModelRunner
 from cbjax.runner.sharding import make_mesh
+from cbjax.runner.step_handle import StepHandle
 from cbjax.runner.step_input import BucketTable
 from cbjax.sim import RooflineCost, SimRunner, load_profile
 from kernels_pallas.dispatch import resolve_backend
@@ -427,7 +428,8 @@ class LLMEngine:
         return self.runner.num_compiles
 
     def wait_until_warm(self) -> None:
-        """Block until every step program is built (after which nothing compiles): call before timing a run."""
+        """Block until every step program is built (after which nothing compiles) and has run once (ModelRunner.prime):
+        call before timing a run."""
         wait = getattr(self.runner, "wait_for_programs", None)  # (the model runner's; the simulator has none)
         wait() if wait is not None else self.runner.programs.wait()
 

@@ -20,9 +20,11 @@ from cbjax.runner.draft_runner import DraftRunner
 from cbjax.runner.program_cache import ProgramCache
 from cbjax.runner.sampler import sample
 from cbjax.runner.static_arg import intern
+from cbjax.runner.step_handle import StepHandle
 from cbjax.runner.step_input import BucketTable, StepInput, empty_step_input, pack_step
 from cbjax.runner.step_programs import StepPrograms
 from cbjax.runner.verify import head_and_verify
+from cbjax.runner.verify_rows import verified_tokens
 from kernels_pallas.xla_attention import resolve_cpu_impls
 
 WARMUP_MODES = ("full", "background", "none")
@@ -105,21 +107,6 @@ def _head_and_sample(model, hidden, inp: StepInput):
         return head_and_sample(S)
     few = lambda: jnp.zeros((S,), jnp.int32).at[:HEAD_ROWS].set(head_and_sample(HEAD_ROWS))
     return jax.lax.cond(inp.num_seqs[0] <= HEAD_ROWS, few, lambda: head_and_sample(S))
-
-
-@dataclasses.dataclass
-class StepHandle:
-    """A dispatched step: what it ran and what it cost; its tokens stay on the device until `fetch`."""
-
-    out: SchedulerOutput
-    tokens: jax.Array | None  # [max_num_seqs] int32 on the device (None: a swap-only step)
-    order: list[int]  # slot i holds out.seqs[order[i]]
-    padded_tokens: int = 0  # the token bucket
-    swap_s: float = 0.0  # wall time of the step's KV copies (they finish before dispatch returns)
-    swap_out_bytes: int = 0
-    swap_in_bytes: int = 0
-    wait_s: float = 0.0  # how long fetch waited for the device
-    verified: bool = False  # a speculative step: tokens are [max_num_seqs, K + 2] (cbjax/runner/verify.py)
 
 
 class ModelRunner:
@@ -307,11 +294,15 @@ class ModelRunner:
             self.draft.key() if verify and self.draft is not None else None,
         )
 
+    def _padding_input(self, T: int, verify: bool = False) -> StepInput:
+        b = self.buckets
+        rows = b.verify_rows(T) if verify else 0
+        return empty_step_input(T, b.slots(T), b.pages_per_seq, self.pad_page, self.page_size, rows)
+
     def _build_program(self, T: int, verify: bool = False):
         """The step for token bucket T: loaded from the program cache, else traced, lowered and compiled."""
         b = self.buckets
-        rows = b.verify_rows(T) if verify else 0
-        inp = empty_step_input(T, b.slots(T), b.pages_per_seq, self.pad_page, self.page_size, rows)
+        inp = self._padding_input(T, verify)
         params, kv_caches = self._avals
         placed = self.device is not None or self.mesh is not None
         prev = jax.ShapeDtypeStruct(
@@ -349,9 +340,9 @@ class ModelRunner:
         return program
 
     def warmup(self, mode: str = "full") -> float:
-        """Build the step programs: "full" every token bucket's now; "background" in a background thread (a step
-        whose bucket is not built yet builds it at once); "none" each when a step first needs it. The swap
-        programs (when swapping is on) are built now in any mode. Returns the seconds this call took."""
+        """Build the step programs: "full" every token bucket's now, and `prime` them; "background" in a background
+        thread (a step whose bucket is not built yet builds it at once); "none" each when a step first needs it.
+        The swap programs (when swapping is on) are built now in any mode. Returns the seconds this call took."""
         if mode not in WARMUP_MODES:
             raise ValueError(f"warmup must be one of {WARMUP_MODES}, got {mode!r}")
         t0 = time.perf_counter()
@@ -361,10 +352,23 @@ class ModelRunner:
         if mode == "full":
             for programs in self._program_families:
                 programs.build_all()
+            self.prime()
         elif mode == "background":
             for programs in self._program_families:
                 programs.start_background()
         return time.perf_counter() - t0
+
+    def prime(self) -> None:
+        """Run every built step program (plain and verifying) that has not run on this runner yet once, on an
+        all-padding input: its KV writes go to the spare page and its tokens are dropped. The first run of a
+        program in a process, and a fresh runner's first step, take 2-4x a later run of the same shape (llama-tiny,
+        fidelity engine options: 61-75 ms against 20-25; lazy initialisation on first execution): a full warmup,
+        and wait_for_programs, pay that here rather than in the first served steps (a timed run's, a simulator
+        calibration's). Call it between steps, from the thread that dispatches them."""
+        for verify, programs in ((False, self.programs), (True, self.verify_programs)):
+            if programs is not None:
+                run = lambda T, verify=verify: jax.block_until_ready(self._run(self._padding_input(T, verify), verify))
+                programs.prime(run)
 
     def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> tuple[float, int, int]:
         """Copy KV pages between device and host: every (device page, host page) of `swap_out` first, then every
@@ -418,7 +422,7 @@ class ModelRunner:
         host_tokens = np.asarray(handle.tokens.addressable_data(0))  # the one device -> host copy of the step
         handle.wait_s = time.perf_counter() - t0
         if handle.verified:
-            return _verified_tokens(handle, host_tokens)
+            return verified_tokens(handle.out.seqs, handle.order, host_tokens)
         result = np.empty(len(handle.order), np.int32)
         result[handle.order] = host_tokens[: len(handle.order)]
         return result
@@ -429,21 +433,11 @@ class ModelRunner:
         return families + ([self.draft.prefill_programs] if self.draft is not None else [])
 
     def wait_for_programs(self) -> None:
-        """Until every step program (of every family) is built."""
+        """Until every step program (of every family) is built, then `prime` them."""
         for programs in self._program_families:
             programs.wait()
+        self.prime()
 
     def execute(self, out: SchedulerOutput) -> np.ndarray:
         """dispatch + fetch: one step, synchronously."""
         return self.fetch(self.dispatch(out))
-
-
-def _verified_tokens(handle: StepHandle, host_tokens: np.ndarray) -> list:
-    """A speculative step's result per scheduled sequence, in out.seqs order: the list of its accepted drafts and
-    sampled token where it had drafts, else its one sampled token (an int), as Scheduler.update takes them."""
-    seqs = handle.out.seqs
-    result: list = [0] * len(handle.order)
-    for i, j in enumerate(handle.order):
-        row = host_tokens[i]
-        result[j] = row[: row[-1]].tolist() if seqs[j].draft_token_ids else int(row[0])
-    return result

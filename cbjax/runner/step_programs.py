@@ -51,6 +51,7 @@ class StepPrograms:
         self._key = key
         self._compiles = compiles
         self._ready: dict[int, object] = {}
+        self._primed: set[int] = set()  # buckets whose program `prime` has run
         self._background: threading.Thread | None = None
 
     def get(self, T: int):
@@ -105,6 +106,18 @@ class StepPrograms:
         if self._background is not None:
             self._background.join()
         self.build_all()
+
+    def prime(self, run: Callable[[int], object]) -> None:
+        """Run each built program that has not run here yet once: `run(T)` executes bucket T's program (the caller
+        feeds it an input whose results it may discard). See ModelRunner.prime for why."""
+        for T in self.buckets:
+            if T in self._ready and T not in self._primed:
+                run(T)
+                self._primed.add(T)
+
+    @property
+    def num_primed(self) -> int:
+        return len(self._primed)
 
     @property
     def num_ready(self) -> int:

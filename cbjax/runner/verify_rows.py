@@ -56,3 +56,14 @@ def pack_verify_rows(R: int, S: int, cu_q_lens: np.ndarray, drafts, counters: np
     v.slot_row_start[:n] = starts
     v.slot_num_drafts[:n] = per_slot - 1
     return v
+
+
+def verified_tokens(seqs, order, host_tokens: np.ndarray) -> list:
+    """A speculative step's result per scheduled sequence, in `seqs` order (`order[i]`: the sequence of packed row i):
+    the list of its accepted drafts and sampled token where it had drafts, else its one sampled token (an int), as
+    Scheduler.update takes them."""
+    result: list = [0] * len(order)
+    for i, j in enumerate(order):
+        row = host_tokens[i]
+        result[j] = row[: row[-1]].tolist() if seqs[j].draft_token_ids else int(row[0])
+    return result

@@ -1,0 +1,22 @@
+"""StepHandle: a step the runner has dispatched, its tokens still on the device until the runner fetches them."""
+
+import dataclasses
+
+import jax
+
+from cbjax.core.scheduler_output import SchedulerOutput
+
+
+@dataclasses.dataclass
+class StepHandle:
+    """A dispatched step: what it ran and what it cost; its tokens stay on the device until `fetch`."""
+
+    out: SchedulerOutput
+    tokens: jax.Array | None  # [max_num_seqs] int32 on the device (None: a swap-only step)
+    order: list[int]  # slot i holds out.seqs[order[i]]
+    padded_tokens: int = 0  # the token bucket
+    swap_s: float = 0.0  # wall time of the step's KV copies (they finish before dispatch returns)
+    swap_out_bytes: int = 0
+    swap_in_bytes: int = 0
+    wait_s: float = 0.0  # how long fetch waited for the device
+    verified: bool = False  # a speculative step: tokens are [max_num_seqs, K + 2] (cbjax/runner/verify.py)

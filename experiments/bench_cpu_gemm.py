@@ -7,6 +7,7 @@ Two kinds of case, each timed interleaved (one call of each variant per round; m
   chain       an 8-layer MLP stack like llama-small's (--chain_layers x (gate|up [D, 2F], silu(gate) * up,
               down [F, D], residual add)), distinct weights per layer, in one jitted program: 8 x 34.6 MB of
               weights per call, as in a real decode step, so no weight is hot in cache when it is read.
+              --qkv=1536 adds llama-small's attention projections to each layer (qkv [D, 1536], o [D, D]).
 Variants: xla (`jnp.dot`, float32, under jit) and packed (`packed_matmul`, weights packed once outside the timed
 call). Prints one JSON line per (case, M): median ms, GFLOP/s (2 M K N / time, summed over the chain's matmuls)
 and packed's speedup over xla.
@@ -26,12 +27,15 @@ from absl import app, flags
 
 from kernels_pallas import cpu_gemm
 
-_SHAPES = flags.DEFINE_list("shapes", ["1024x1536", "1024x5632", "2816x1024", "1024x32000"], "KxN weights")
+_SHAPES = flags.DEFINE_list("shapes", ["1024x1536", "1024x1024", "1024x5632", "2816x1024", "1024x32000"], "KxN weights")
 _MS = flags.DEFINE_list("ms", ["16", "64", "256"], "rows (M) for the standalone cases")
 _CHAIN_MS = flags.DEFINE_list("chain_ms", ["16", "64", "256"], "rows (M) for the chain cases")
 _CHAIN_LAYERS = flags.DEFINE_integer("chain_layers", 8, "MLP layers in the chain")
 _D = flags.DEFINE_integer("d", 1024, "hidden size of the chain")
 _F = flags.DEFINE_integer("f", 2816, "intermediate size of the chain")
+_QKV = flags.DEFINE_integer(
+    "qkv", 0, "also an attention block per layer: qkv [D, qkv], its first D columns (attention's stand-in), o [D, D]"
+)
 _ROUNDS = flags.DEFINE_integer("rounds", 7, "timed rounds (one call of each variant per round)")
 _THREADS = flags.DEFINE_integer("num_threads", 0, "packed kernel threads (0: this process's CPUs)")
 _SEED = flags.DEFINE_integer("seed", 0, "random data")
@@ -74,28 +78,32 @@ def standalone(rng, threads):
 
 
 def chain(rng, threads):
-    D, F, L = _D.value, _F.value, _CHAIN_LAYERS.value
-    ups = [rng.standard_normal((D, 2 * F), np.float32) * 0.02 for _ in range(L)]
-    downs = [rng.standard_normal((F, D), np.float32) * 0.02 for _ in range(L)]
-    plain = ([jnp.asarray(w) for w in ups], [jnp.asarray(w) for w in downs])
-    packs = ([jnp.asarray(cpu_gemm.pack_weight(w)) for w in ups], [jnp.asarray(cpu_gemm.pack_weight(w)) for w in downs])
-    del ups, downs
+    D, F, L, Q = _D.value, _F.value, _CHAIN_LAYERS.value, _QKV.value
+    shapes = [(D, 2 * F), (F, D)] + ([(D, Q), (D, D)] if Q else [])  # gate|up, down (, qkv, o)
+    plain, packs = [], []
+    for _ in range(L):
+        ws = [rng.standard_normal(s, np.float32) * 0.02 for s in shapes]
+        plain.append([jnp.asarray(w) for w in ws])
+        packs.append([jnp.asarray(cpu_gemm.pack_weight(w)) for w in ws])
 
-    def mlp_stack(matmul):
-        def run(x, ups, downs):
-            for up, down in zip(ups, downs):
-                gate, u = jnp.split(matmul(x, up, 2 * F), 2, axis=-1)
-                x = x + matmul(jax.nn.silu(gate) * u, down, D)
+    def stack(matmul):
+        def run(x, layers):
+            for ws in layers:
+                if Q:
+                    x = x + matmul(matmul(x, ws[2], Q)[:, :D], ws[3], D)
+                gate, u = jnp.split(matmul(x, ws[0], 2 * F), 2, axis=-1)
+                x = x + matmul(jax.nn.silu(gate) * u, ws[1], D)
             return x
 
         return jax.jit(run)
 
-    xla = mlp_stack(lambda x, w, n: jnp.dot(x, w))
-    packed = mlp_stack(lambda x, w, n: cpu_gemm.packed_matmul(x, w, n, num_threads=threads))
+    xla = stack(lambda x, w, n: jnp.dot(x, w))
+    packed = stack(lambda x, w, n: cpu_gemm.packed_matmul(x, w, n, num_threads=threads))
     for M in map(int, _CHAIN_MS.value):
         x = jnp.asarray(rng.standard_normal((M, D), np.float32))
-        med = interleaved({"xla": xla, "packed": packed}, {"xla": (x, *plain), "packed": (x, *packs)}, _ROUNDS.value)
-        report(dict(case="chain", layers=L, d=D, f=F, m=M), 2.0 * M * L * (D * 2 * F + F * D), med)
+        med = interleaved({"xla": xla, "packed": packed}, {"xla": (x, plain), "packed": (x, packs)}, _ROUNDS.value)
+        flops = 2.0 * M * L * sum(k * n for k, n in shapes)
+        report(dict(case="chain", layers=L, d=D, f=F, qkv=Q, m=M), flops, med)
 
 
 def main(argv):

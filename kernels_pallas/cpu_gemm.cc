@@ -111,6 +111,7 @@ void block(const float* __restrict x, const float* __restrict panel, float* __re
     _mm512_mask_storeu_ps(y + r * N + 16, m1, a1[r]);
   }
 #else
+  (void)next;  // the portable path leaves prefetching to the hardware
   float acc[R][kNR] = {};
   for (int64_t k = 0; k < K; ++k) {
     const float* b = panel + k * kNR;

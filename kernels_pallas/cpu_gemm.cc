@@ -63,11 +63,12 @@ constexpr int64_t kChunkBytes = 1 << 20;       // x's share of L2 per row chunk
 constexpr int64_t kMinWorkPerThread = 1 << 20;  // multiply-adds below which a helper costs more than it saves
 
 // Software prefetch of the panel 2048 floats (64 k-rows, 8 KiB) ahead: the hardware prefetchers stop at every
-// 4 KiB page, i.e. every 32 k-rows of a panel. Measured on the chain of bench_cpu_gemm.py (8 MLP layers, weights
-// out of cache): +30% at M = 16 and +15% at M = 64 over none; 1024 to 4096 within the noise. A prefetch past
-// the end of the weights is harmless (prefetches never fault). The first row block of a panel also asks for the
-// next panel into L2 (the later blocks read the current one from L2 meanwhile): +3-5% more on that chain at
-// M = 4..64 (medians of 9 interleaved rounds); asking in every block instead was no better than not at all.
+// 4 KiB page, i.e. every 32 k-rows of a panel. A prefetch past the end of the weights is harmless (prefetches
+// never fault). The first row block of a panel also asks for the next panel into L2 (the later blocks read the
+// current one from L2 meanwhile). Measured on the chain of bench_cpu_gemm.py (8 MLP layers, weights out of
+// cache), A/B through a temporary runtime switch in interleaved rounds (edit the code to redo it): the k-row
+// prefetch +30% at M = 16 and +15% at M = 64 over none, 1024 to 4096 floats ahead alike; the next-panel one
+// +3-5% more at M = 4..64 (medians of 9 rounds), and no better than none when every block asks.
 constexpr int64_t kPrefetch = 2048;
 
 struct Gemm {

@@ -14,6 +14,9 @@ and concurrent builders never see a half-written file (temp file + rename). The 
 same hash: a compiled step program saved to disk by another build names a target this process does not have,
 so loading it fails (and the program cache compiles afresh) instead of running stale code.
 
+The library also holds the packed-weight matmul of cpu_gemm.py (`gemm_target()`): one build and one cache key
+for all of the CPU kernels.
+
 `available()` says whether the kernel can be used here (False, with `unavailable_reason()`, when there is no
 compiler or the build fails); callers fall back to the XLA path then, never crash. Importing this module does
 no work beyond registering an already-built library, which a step program loaded from disk needs.
@@ -46,13 +49,15 @@ _SOURCES = tuple(
         "cpu_decode_attention.cc",
         "cpu_prefill_attention.cc",
         "cpu_attention_ffi.cc",
+        "cpu_gemm.cc",  # the packed-weight matmul (cpu_gemm.py): one library, one build, one cache key
     )
 )
 _FLAGS = ("-O3", "-march=native", "-std=c++17", "-fopenmp-simd", "-fPIC", "-DNDEBUG")
 _SYMBOL = "CbjaxCpuRaggedAttention"
+_GEMM_SYMBOL = "CbjaxCpuPackedGemm"
 ROWS = {"decode": 1, "prefill": 2, "both": 3}  # which sequences' rows a call fills (the handler's `rows`)
 _lock = threading.Lock()
-_state: dict = {}  # "lib", "target" once registered; "error" once failed
+_state: dict = {}  # "lib", "target", "gemm_target" once registered; "error" once failed
 
 
 def _compiler() -> str | None:
@@ -125,9 +130,10 @@ def _build(cxx: str, path: pathlib.Path) -> None:
 
 def _register(path: pathlib.Path, digest: str) -> None:
     lib = ctypes.cdll.LoadLibrary(str(path))
-    target = f"cbjax_cpu_attention_{digest}"
+    target, gemm_target = f"cbjax_cpu_attention_{digest}", f"cbjax_cpu_gemm_{digest}"
     jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, _SYMBOL)), platform="cpu")
-    _state.update(lib=lib, target=target)
+    jax.ffi.register_ffi_target(gemm_target, jax.ffi.pycapsule(getattr(lib, _GEMM_SYMBOL)), platform="cpu")
+    _state.update(lib=lib, target=target, gemm_target=gemm_target)
 
 
 def _ensure(build: bool) -> str | None:
@@ -166,6 +172,12 @@ def compiler_found() -> bool:
 def unavailable_reason() -> str | None:
     """Why `available()` is False (None if it is True or was not asked yet)."""
     return _state.get("error")
+
+
+def gemm_target() -> str | None:
+    """The registered FFI target of the packed-weight matmul in the same library (cpu_gemm.py), building the
+    library first if needed; None if it is unavailable (see `unavailable_reason`)."""
+    return _state.get("gemm_target") if _ensure(build=True) is not None else None
 
 
 def default_num_threads() -> int:

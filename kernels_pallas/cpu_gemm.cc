@@ -1,0 +1,236 @@
+// y[M, N] = x[M, K] @ w for CPU, with w pre-packed into panels, as one XLA FFI handler (cpu_gemm.py packs the
+// weights and calls it; cpu_attention.py builds the shared library and registers both handlers).
+//
+// Why packed: at decode sizes (M = 1..64 rows) a GEMM is bound by reading the weights. A library GEMM re-packs
+// B on every call (one more read and write of every weight per step), and walking B [K, N] row by row for a
+// block of columns touches a new 4 KiB page at every k. Packed once at load time into panels [P, K, NR]
+// (P = ceil(N / NR); panel p holds columns p*NR .. p*NR + NR - 1 for every k, contiguously, zero-padded past N),
+// each panel is one linear stream that the hardware prefetcher follows, read once from memory per call and
+// then from L2 for the other row blocks.
+//
+// Microkernel: R rows x NR = 32 columns of accumulators in registers (2 zmm per row, R <= kMR = 12: 24 of the
+// 32 zmm), walking k: load the panel's k-row (two zmm), broadcast x[r, k] and FMA into each row's two
+// accumulators. The rows of a chunk are split into blocks of near-equal size <= kMR (16 rows: 8 + 8 rather than
+// 12 + 4), so no block runs with only a few rows' worth of FMAs per panel load.
+//
+// Summation order: every output element is acc = fma(x[m, k], w[k, n], acc) for k = 0 .. K-1 from acc = 0, in
+// one register lane, whatever the block size R, the row's place in its block, M or the thread count. So a row's
+// result is bitwise the same alone or in any batch (the engine's token-exactness tests compare a batch against
+// separate forwards), and the same with 1 or 2 threads: an output element is computed by one thread, whole.
+//
+// Work items: (chunk of rows, group of kPanelsPerItem panels). A chunk is as many rows as keep x's chunk
+// (rows x K floats) in about 1 MiB of L2 while every panel streams past it; at decode sizes there is one chunk and
+// every weight is read from memory once per call. Threads: items are taken from an atomic counter by the calling
+// thread and by up to num_threads - 1 helpers on XLA's intra-op pool, as in cpu_attention_ffi.cc: the caller never
+// waits for a helper that has not started.
+//
+// Prefetching and the measurements behind it: at kPrefetch below. Tried and dropped, on this 2-core Sapphire
+// Rapids: copying each row block of x to [K, R] (its rows 4 KiB apart when K = 1024 share an L1 set; no change
+// measured, in or out of a padded stride), and K-slices of a panel kept in L1 across the row blocks (none at
+// M = 4..16, 5-10% slower at M = 64..256 on the MLP chain). Block sizes kMR = 8 and 14 were within the noise.
+//
+// Without AVX-512 the same loops run on plain arrays (the compiler vectorises the 32 columns for what it has).
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <utility>
+
+#include "xla/ffi/api/ffi.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace ffi = xla::ffi;
+
+namespace cbjax_gemm {
+namespace {
+
+constexpr int64_t kNR = 32;  // columns per panel; cpu_gemm.py's NR must match
+#if defined(__AVX512F__)
+constexpr int kMR = 12;  // rows per register block: 2 * 12 accumulators + 2 panel registers + 1 broadcast
+#else
+constexpr int kMR = 8;
+#endif
+constexpr int64_t kPanelsPerItem = 4;          // 128 columns per work item: few items, still enough to balance
+constexpr int64_t kChunkBytes = 1 << 20;       // x's share of L2 per row chunk
+constexpr int64_t kMinWorkPerThread = 1 << 20;  // multiply-adds below which a helper costs more than it saves
+
+// Software prefetch of the panel 2048 floats (64 k-rows, 8 KiB) ahead: the hardware prefetchers stop at every
+// 4 KiB page, i.e. every 32 k-rows of a panel. A prefetch past the end of the weights is harmless (prefetches
+// never fault). The first row block of a panel also asks for the next panel into L2 (the later blocks read the
+// current one from L2 meanwhile). Measured on the chain of bench_cpu_gemm.py (8 MLP layers, weights out of
+// cache), A/B through a temporary runtime switch in interleaved rounds (edit the code to redo it): the k-row
+// prefetch +30% at M = 16 and +15% at M = 64 over none, 1024 to 4096 floats ahead alike; the next-panel one
+// +3-5% more at M = 4..64 (medians of 9 rounds), and no better than none when every block asks.
+constexpr int64_t kPrefetch = 2048;
+
+struct Gemm {
+  const float* x;  // [M, K]
+  const float* w;  // [P, K, kNR]
+  float* y;        // [M, N]
+  int64_t M, K, N, P, chunk;
+};
+
+// y[0..R, 0..cols) = x[0..R, :] @ panel (cols <= kNR: the last panel's real columns). `next`, if not null: the
+// panel to prefetch into L2 meanwhile, a k-row per k.
+template <int R>
+void block(const float* __restrict x, const float* __restrict panel, float* __restrict y, int64_t K, int64_t N,
+           int64_t cols, const float* next) {
+#if defined(__AVX512F__)
+  __m512 a0[R], a1[R];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    const float* b = panel + k * kNR;
+    // The two cache lines of the k-row kPrefetch floats ahead into L1, and of the next panel's k-row into L2.
+    _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetch), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetch + 16), _MM_HINT_T0);
+    if (next) {
+      _mm_prefetch(reinterpret_cast<const char*>(next + k * kNR), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(next + k * kNR + 16), _MM_HINT_T1);
+    }
+    const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512 xr = _mm512_set1_ps(x[r * K + k]);
+      a0[r] = _mm512_fmadd_ps(xr, b0, a0[r]);
+      a1[r] = _mm512_fmadd_ps(xr, b1, a1[r]);
+    }
+  }
+  const __mmask16 m0 = cols >= 16 ? 0xffff : static_cast<__mmask16>((1u << cols) - 1);
+  const __mmask16 m1 = cols >= 32 ? 0xffff : cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1);
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    _mm512_mask_storeu_ps(y + r * N, m0, a0[r]);
+    _mm512_mask_storeu_ps(y + r * N + 16, m1, a1[r]);
+  }
+#else
+  (void)next;  // the portable path leaves prefetching to the hardware
+  float acc[R][kNR] = {};
+  for (int64_t k = 0; k < K; ++k) {
+    const float* b = panel + k * kNR;
+    for (int r = 0; r < R; ++r) {
+      const float xr = x[r * K + k];
+      // Across the columns only: each acc[r][j] stays one chain over k (no reassociation).
+#pragma omp simd
+      for (int64_t j = 0; j < kNR; ++j) acc[r][j] += xr * b[j];
+    }
+  }
+  for (int r = 0; r < R; ++r) std::memcpy(y + r * N, acc[r], cols * sizeof(float));
+#endif
+}
+
+using BlockFn = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t, const float*);
+
+template <int... Rs>
+constexpr auto make_blocks(std::integer_sequence<int, Rs...>) {
+  return std::array<BlockFn, sizeof...(Rs)>{block<Rs + 1>...};
+}
+constexpr auto kBlocks = make_blocks(std::make_integer_sequence<int, kMR>{});  // kBlocks[R - 1] does R rows
+
+// Rows [row0, row1) times panels [p0, p1).
+void run_item(const Gemm& g, int64_t row0, int64_t row1, int64_t p0, int64_t p1) {
+  const int64_t rows = row1 - row0;
+  const int64_t nblocks = (rows + kMR - 1) / kMR;
+  const int64_t base = rows / nblocks, extra = rows % nblocks;  // the first `extra` blocks get one more row
+  for (int64_t p = p0; p < p1; ++p) {
+    const float* panel = g.w + p * g.K * kNR;
+    const int64_t col = p * kNR, cols = std::min(kNR, g.N - col);
+    // The first row block streams the panel from memory and asks for the next one meanwhile: with 2 or more row
+    // blocks per panel, memory then streams while the later blocks compute from L2, instead of idling.
+    const float* next = p + 1 < g.P ? panel + g.K * kNR : nullptr;
+    int64_t r = row0;
+    for (int64_t b = 0; b < nblocks; ++b) {
+      const int64_t n = base + (b < extra ? 1 : 0);
+      kBlocks[n - 1](g.x + r * g.K, panel, g.y + r * g.N + col, g.K, g.N, cols, b == 0 ? next : nullptr);
+      r += n;
+    }
+  }
+}
+
+// Shared by the calling thread and its helpers (owned jointly: a helper may start after the call returned; it
+// then sees `closed` and touches nothing else).
+struct Batch {
+  Gemm g;
+  int64_t groups = 0, total = 0;
+  std::atomic<int64_t> next{0};
+  std::mutex mu;
+  std::condition_variable cv;
+  int running = 0;
+  bool closed = false;
+
+  void work() {
+    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < total;) {
+      const int64_t c = i / groups, grp = i % groups;
+      const int64_t row0 = c * g.chunk, row1 = std::min(g.M, row0 + g.chunk);
+      const int64_t p0 = grp * kPanelsPerItem, p1 = std::min(g.P, p0 + kPanelsPerItem);
+      run_item(g, row0, row1, p0, p1);
+    }
+  }
+
+  void help() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (closed) return;
+      ++running;
+    }
+    work();
+    std::lock_guard<std::mutex> lock(mu);
+    if (--running == 0) cv.notify_all();
+  }
+};
+
+using F32Matrix = ffi::Buffer<ffi::F32, 2>;
+using F32Panels = ffi::Buffer<ffi::F32, 3>;
+
+ffi::Error PackedGemm(ffi::ThreadPool pool, F32Matrix x, F32Panels w, int64_t n, int32_t num_threads,
+                      ffi::Result<F32Matrix> y) {
+  auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
+  const int64_t M = xd[0], K = xd[1];
+  if (wd[2] != kNR) return ffi::Error::InvalidArgument("packed weights must be [ceil(N / 32), K, 32]");
+  if (wd[1] != K) return ffi::Error::InvalidArgument("x [M, K] and the packed weights [P, K, 32] differ in K");
+  if (n < 0 || wd[0] != (n + kNR - 1) / kNR)
+    return ffi::Error::InvalidArgument("the packed weights' panel count is not ceil(n / 32)");
+  if (yd[0] != M || yd[1] != n) return ffi::Error::InvalidArgument("the output must be [M, n]");
+  if (M == 0 || n == 0) return ffi::Error::Success();
+  if (K == 0) {
+    std::memset(y->typed_data(), 0, y->size_bytes());
+    return ffi::Error::Success();
+  }
+  Gemm g{x.typed_data(), w.typed_data(), y->typed_data(), M, K, n, wd[0], 0};
+  // A chunk is a whole number of full register blocks, so chunk boundaries do not leave short blocks behind.
+  g.chunk = std::max<int64_t>(kMR, kChunkBytes / (K * 4) / kMR * kMR);
+
+  auto batch = std::make_shared<Batch>();
+  batch->g = g;
+  batch->groups = (g.P + kPanelsPerItem - 1) / kPanelsPerItem;
+  batch->total = batch->groups * ((M + g.chunk - 1) / g.chunk);
+  int64_t helpers = num_threads > 0 ? num_threads - 1 : pool.num_threads();
+  helpers = std::min({helpers, batch->total - 1, M * K * n / kMinWorkPerThread});
+  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([batch] { batch->help(); });
+  batch->work();
+  std::unique_lock<std::mutex> lock(batch->mu);
+  batch->closed = true;
+  batch->cv.wait(lock, [&] { return batch->running == 0; });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace cbjax_gemm
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CbjaxCpuPackedGemm, cbjax_gemm::PackedGemm,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<cbjax_gemm::F32Matrix>()  // x [M, K]
+                                  .Arg<cbjax_gemm::F32Panels>()  // w packed [ceil(n / 32), K, 32]
+                                  .Attr<int64_t>("n")            // real output columns
+                                  .Attr<int32_t>("num_threads")  // <= 0: the intra-op pool's size
+                                  .Ret<cbjax_gemm::F32Matrix>()  // y [M, n]
+);

@@ -1,0 +1,93 @@
+"""A float32 matmul for CPU against pre-packed weights: a C++ XLA FFI custom call (cpu_gemm.cc), fast at decode
+sizes (a few to a few hundred rows).
+
+At small M a matmul is bound by reading its weights. XLA:CPU's dot (Eigen / oneDNN underneath) re-packs the weight
+matrix on every call and walks B [K, N] a column block at a time, crossing a page at every k. `pack_weight` lays
+the weights out once, at load time, as panels [ceil(N / NR), K, NR]: NR columns contiguous for each k, every panel
+one linear stream. `packed_matmul(x, w_packed, n)` then reads each weight once per call.
+
+Every output element is summed in the same order (k = 0 .. K-1, one fused multiply-add chain) whatever M, the
+thread count, or where its row sits in the batch: a row's result is bitwise the same alone or in any batch.
+
+The kernel lives in the same shared library as the CPU attention kernels (cpu_attention.py builds, caches and
+registers it); `available()` is False without a C++ compiler, and callers keep `jnp.dot` then.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kernels_pallas import cpu_attention
+
+NR = 32  # columns per panel: two AVX-512 registers (cpu_gemm.cc's kNR)
+
+
+def available() -> bool:
+    """True if the kernel is built (building it now if needed) and registered in this process."""
+    return cpu_attention.gemm_target() is not None
+
+
+def unavailable_reason() -> str | None:
+    """Why `available()` is False (None if it is True or was not asked yet)."""
+    return cpu_attention.unavailable_reason()
+
+
+def num_panels(n: int) -> int:
+    return -(-n // NR)
+
+
+def pack_weight(w) -> np.ndarray:
+    """w [K, N] float32 -> panels [ceil(N / NR), K, NR] float32; panel p holds columns p*NR .. p*NR + NR - 1 (zeros
+    past N). Runs on the host, once per weight, at load time."""
+    w = np.asarray(w)
+    if w.ndim != 2 or w.dtype != np.float32:
+        raise ValueError(f"pack_weight expects a float32 [K, N] matrix, got {w.dtype} {w.shape}")
+    K, N = w.shape
+    P = num_panels(N)
+    padded = np.zeros((K, P * NR), np.float32)
+    padded[:, :N] = w
+    return np.ascontiguousarray(padded.reshape(K, P, NR).transpose(1, 0, 2))
+
+
+def unpack_weight(w_packed, n: int):
+    """The inverse of `pack_weight`: [P, K, NR] -> [K, n] (jnp; works on traced arrays)."""
+    P, K, nr = w_packed.shape
+    return jnp.transpose(w_packed, (1, 0, 2)).reshape(K, P * nr)[:, :n]
+
+
+def _check(x, w_packed, n: int):
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 0:
+        raise ValueError(f"n must be a non-negative int (static), got {n!r}")
+    if x.dtype != jnp.float32 or w_packed.dtype != jnp.float32:
+        raise ValueError(f"packed_matmul takes float32 x and weights, got {x.dtype} and {w_packed.dtype}")
+    if x.ndim < 1 or w_packed.ndim != 3 or w_packed.shape[2] != NR:
+        raise ValueError(f"expected x [..., K] and packed weights [P, K, {NR}], got {x.shape} and {w_packed.shape}")
+    P, K, _ = w_packed.shape
+    if x.shape[-1] != K:
+        raise ValueError(f"x's last dim {x.shape[-1]} differs from the packed weights' K = {K}")
+    if num_panels(n) != P:
+        raise ValueError(f"packed weights have {P} panels, n = {n} needs ceil(n / {NR}) = {num_panels(n)}")
+
+
+def packed_matmul(x, w_packed, n: int, num_threads: int | None = None):
+    """x [..., K] float32 @ the [K, n] matrix packed as w_packed [ceil(n / NR), K, NR] -> [..., n] float32.
+    `num_threads` (default: this process's CPUs) caps the threads the kernel uses (1: the calling thread only);
+    the result does not depend on it. Jittable; CPU backend only. RuntimeError if the kernel is unavailable."""
+    x, w_packed = jnp.asarray(x), jnp.asarray(w_packed)
+    _check(x, w_packed, n)
+    target = cpu_attention.gemm_target()
+    if target is None:
+        raise RuntimeError(f"the CPU packed matmul kernel is unavailable: {unavailable_reason()}")
+    lead, K = x.shape[:-1], x.shape[-1]
+    M = int(np.prod(lead, dtype=np.int64))
+    call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((M, n), jnp.float32))
+    threads = cpu_attention.default_num_threads() if num_threads is None else num_threads
+    y = call(x.reshape(M, K), w_packed, n=np.int64(n), num_threads=np.int32(threads))
+    return y.reshape(*lead, n)
+
+
+def reference_packed_matmul(x, w_packed, n: int):
+    """`packed_matmul` in plain jnp (unpack, then a float32 dot at full precision): the tests' oracle."""
+    x, w_packed = jnp.asarray(x), jnp.asarray(w_packed)
+    _check(x, w_packed, n)
+    return jnp.dot(x, unpack_weight(w_packed, n), precision=jax.lax.Precision.HIGHEST)

@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 import jax
-from flax import nnx
 
 from cbjax.core import validation as check
 from cbjax.core.clock import Clock, RealClock, VirtualClock
@@ -25,8 +24,8 @@ from cbjax.engine_config import EngineConfig
 from cbjax.memory_fit import check_fits, device_memory_bytes, host_memory_bytes
 from cbjax.model.config import ModelConfig, get_model_config
 from cbjax.model.hf_loader import load_hf_model
+from cbjax.model.linear_impl import serving_model
 from cbjax.model.llama import Llama, init_model, kv_cache_bytes_per_page
-from cbjax.model.quantize import quantize_model
 from cbjax.model.registry import model_config_of, resolve_checkpoint
 from cbjax.model.tokenizer import Tokenizer
 from cbjax.runner.acceptance import make_rule
@@ -79,9 +78,8 @@ class LLMEngine:
             # First: building the model may compile too.
             self.compilation_cache_dir = configure_compilation_cache(cfg.compilation_cache)
             self.model, self.tokenizer = self._load_model(model, cfg)
-            if cfg.quantization is not None:
-                # A new module over the same arrays: a Llama the caller passed in stays as it was.
-                self.model = quantize_model(nnx.merge(*nnx.split(self.model)), cfg.quantization)
+            tp = cfg.tensor_parallel_size
+            self.model = serving_model(self.model, cfg.quantization, cfg.cpu_matmul, tp)  # int8, packed, or as is
             mcfg = self.model.cfg
         self.model_config = mcfg
         max_model_len = cfg.max_model_len or mcfg.max_position_embeddings

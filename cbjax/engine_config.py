@@ -15,6 +15,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("int8",)  # cbjax.model.quantize.QUANTIZATIONS
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "int8")  # kernels_pallas.kv_quant.KV_CACHE_DTYPES
 ATTENTION_BACKENDS = ("auto", "pallas", "xla")  # kernels_pallas.dispatch.BACKENDS
+CPU_MATMULS = ("auto", "packed", "xla")  # cbjax.model.linear_impl.CPU_MATMULS
 WARMUP_MODES = ("background", "full", "none")  # cbjax.runner.model_runner.WARMUP_MODES
 PREEMPTION_MODES = ("recompute", "swap")
 RUNNERS = ("model", "sim")
@@ -37,6 +38,9 @@ class EngineConfig:
     # The KV pages' dtype: "auto" (the model's dtype), "float32", "bfloat16", or "int8" (a float32 scale per token
     # and kv head, dequantized inside attention: kernels_pallas/kv_quant.py). kv_cache_memory_gib then holds more pages.
     kv_cache_dtype: str = "auto"
+    # The float32 linears on the CPU backend: "auto" / "packed" (a C++ matmul over weights packed at load time,
+    # cbjax/model/linear_impl.py) or "xla" (XLA's dot). The CBJAX_MATMUL environment variable overrides it.
+    cpu_matmul: str = "auto"
     seed: int = 0  # model init (random models) and the default per-request sampling seeds
     # Tensor parallelism: parameters and KV heads split over this many devices (cbjax/runner/sharding.py).
     tensor_parallel_size: int = 1
@@ -90,6 +94,7 @@ class EngineConfig:
             matmul_dtype=check.choice("matmul_dtype", self.matmul_dtype, (None, *DTYPES)),
             quantization=check.choice("quantization", self.quantization, (None, *QUANTIZATIONS)),
             kv_cache_dtype=check.choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES),
+            cpu_matmul=check.choice("cpu_matmul", self.cpu_matmul, CPU_MATMULS),
             seed=check.integer("seed", self.seed, 0, 2**32 - 1),
             tensor_parallel_size=check.integer("tensor_parallel_size", self.tensor_parallel_size, 1),
             attention_backend=check.choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS),

@@ -41,11 +41,18 @@ def run_and_check(engine: LLMEngine, prompts, params, ref):
     return engine
 
 
-@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+@pytest.mark.parametrize(
+    "async_scheduling, cpu_matmul",
+    [(True, "auto"), (False, "auto"), (True, "xla")],
+    ids=["async", "sync", "async-xla_matmul"],
+)
 @pytest.mark.parametrize("policy", ["fcfs", "static"])
-def test_greedy_tokens_equal_full_forward(model, workload, policy, async_scheduling):
+def test_greedy_tokens_equal_full_forward(model, workload, policy, async_scheduling, cpu_matmul):
+    # cpu_matmul "auto" runs the packed C++ matmul on CPU (where it builds); the oracle keeps XLA's dot.
     prompts, params, ref = workload
-    engine = LLMEngine(model, policy=policy, num_pages=256, async_scheduling=async_scheduling, **OPTS)
+    engine = LLMEngine(
+        model, policy=policy, num_pages=256, async_scheduling=async_scheduling, cpu_matmul=cpu_matmul, **OPTS
+    )
     engine = run_and_check(engine, prompts, params, ref)
     steps = engine.step_records
     assert engine.scheduler.num_preemptions == 0

@@ -51,22 +51,31 @@ def _linears(model) -> list[tuple[object, str]]:
     return [(m, name) for m, names in owners for name in names if isinstance(getattr(m, name, None), nnx.Linear)]
 
 
-def pack_model(model):
-    """Replace the model's float32 linears (qkv_proj, o_proj, gate_up_proj, down_proj and the untied lm_head) by
-    PackedLinear, in place; returns the model. Checks everything before it changes anything: ValueError for a
-    model with a non-float32 linear (bfloat16 weights or matmul dtype) or none left to pack (int8, or packed
-    already); RuntimeError if the kernel cannot be built here (`cpu_gemm.available()`)."""
+def unpackable_reason(model) -> str | None:
+    """Why `pack_model` would refuse this model (no float32 nnx.Linear to pack, or one that is not float32), or
+    None if it can pack it (the kernel's availability aside)."""
     found = _linears(model)
     if not found:
-        raise ValueError("pack_model: the model has no nnx.Linear layers to pack (int8-quantized or packed already)")
+        return "the model has no nnx.Linear layers to pack (int8-quantized or packed already)"
     dtypes = set()
     for module, name in found:
         linear = getattr(module, name)
         dtypes |= {str(jnp.dtype(d)) for d in (linear.kernel[...].dtype, linear.dtype) if d is not None}
     if dtypes - {"float32"}:
-        raise ValueError(f"pack_model packs float32 models only; this one's linears use {sorted(dtypes)}")
+        return f"only float32 linears are packed; this model's use {sorted(dtypes)}"
+    return None
+
+
+def pack_model(model):
+    """Replace the model's float32 linears (qkv_proj, o_proj, gate_up_proj, down_proj and the untied lm_head) by
+    PackedLinear, in place; returns the model. Checks everything before it changes anything: ValueError for a
+    model with a non-float32 linear (bfloat16 weights or matmul dtype) or none left to pack (int8, or packed
+    already); RuntimeError if the kernel cannot be built here (`cpu_gemm.available()`)."""
+    reason = unpackable_reason(model)
+    if reason is not None:
+        raise ValueError(f"pack_model: {reason}")
     if not cpu_gemm.available():
         raise RuntimeError(f"pack_model: the CPU packed matmul kernel is unavailable: {cpu_gemm.unavailable_reason()}")
-    for module, name in found:
+    for module, name in _linears(model):
         setattr(module, name, PackedLinear(getattr(module, name)))
     return model

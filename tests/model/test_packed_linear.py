@@ -59,10 +59,10 @@ def test_packed_model_gives_the_same_logits(tied):
 
 def test_pack_model_refuses_bfloat16_and_int8_models():
     cfg = get_model_config("test-tiny")
-    with pytest.raises(ValueError, match="float32 models only"):
+    with pytest.raises(ValueError, match="only float32 linears are packed"):
         pack_model(init_model(cfg.replace(matmul_dtype="bfloat16"), seed=0))
     bf16 = init_model(cfg.replace(dtype="bfloat16"), seed=0)
-    with pytest.raises(ValueError, match="float32 models only"):
+    with pytest.raises(ValueError, match="only float32 linears are packed"):
         pack_model(bf16)
     assert isinstance(bf16.layers[0].attn.qkv_proj, nnx.Linear)  # nothing half-packed
     with pytest.raises(ValueError, match=r"no nnx\.Linear layers to pack"):

@@ -1,7 +1,7 @@
 """Where a step's time goes, per token bucket: matmuls, attention, LM head, sampling and host packing, and the
 step's achieved GFLOP/s against a bare matmul of the same shape measured in the same sitting.
 
-  python -m experiments.profile_step --model llama-small [--matmul_dtype bfloat16] [--rounds 5]
+  python -m experiments.profile_step --model llama-small [--matmul_dtype bfloat16] [--cpu_matmul xla] [--rounds 5]
 
 Each step is synthetic and packed by the engine's own pack_step: `prefill:T` (prompts of min(T, 512) tokens filling
 the T-token bucket), `decode:B:C` (B sequences decoding one token at context C), `mixed:T:B:C` (B decodes plus one
@@ -12,12 +12,16 @@ are timed round-robin (`--rounds` rounds of 3 calls; medians):
              attention = step - no_attn
   matmuls    the step's linear layers alone (qkv, o, gate_up, down), x num_layers, on random activations
   attention  the paged attention alone on the step's real metadata and cache, x num_layers
-  lm_head    the LM head matmul on the step's S = min(T, max_num_seqs) sampled rows
-  sampling   the sampler on [S, V] logits
+  lm_head    the LM head matmul on the rows the step's head runs on: S = min(T, max_num_seqs), or the first 32
+             (model_runner.HEAD_ROWS) when the step's sequences fit there
+  sampling   the sampler on those rows' logits
   other      step - (matmuls + in-step attention + lm_head + sampling): norms, RoPE, KV writes, embedding, glue
   host       pack_step on the host
+The linears, `matmuls` and `lm_head` run the engine's matmul: the packed CPU kernel where `--cpu_matmul` (the engine
+option, default auto) resolves to it, else XLA's dot.
 GFLOP/s = the step's matmul + attention + LM-head FLOPs / step time; `bare` = a lone [T, D] x [D, 2F] matmul (the
-step's widest GEMM) in the same rounds; `vs bare` = their ratio. Prints a markdown table and one JSON line per step.
+step's widest GEMM) on XLA's dot in the same rounds; `vs bare` = their ratio. Prints a markdown table and one JSON
+line per step.
 """
 
 import json
@@ -44,6 +48,7 @@ flags.DEFINE_integer("max_num_seqs", 256, "slots")
 flags.DEFINE_integer("max_model_len", 2048, "page-table width")
 flags.DEFINE_integer("rounds", 5, "interleaved timing rounds")
 flags.DEFINE_string("matmul_dtype", None, "the linear layers' dtype (ModelConfig.matmul_dtype)")
+flags.DEFINE_string("cpu_matmul", "auto", "auto | packed | xla: the linears' matmul, as the engine option")
 FLAGS = flags.FLAGS
 
 PAGE_SIZE = 16
@@ -107,11 +112,13 @@ def main(argv):
     from cbjax.core.sampling_params import SamplingParams
     from cbjax.core.scheduler_output import ScheduledSeq, SchedulerOutput
     from cbjax.model.config import get_model_config
+    from cbjax.model.linear_impl import serving_model
     from cbjax.model.llama import init_model
-    from cbjax.runner.model_runner import ModelRunner
+    from cbjax.model.packed_linear import PackedLinear
+    from cbjax.runner.model_runner import HEAD_ROWS, ModelRunner
     from cbjax.runner.sampler import sample
     from cbjax.runner.step_input import BucketTable, pack_step
-    from kernels_pallas import ragged_attention
+    from kernels_pallas import cpu_gemm, ragged_attention
 
     cfg = get_model_config(FLAGS.model)
     if FLAGS.matmul_dtype:
@@ -119,7 +126,9 @@ def main(argv):
     D, N, K, H, F, V, L = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.dim_per_head,
                            cfg.intermediate_size, cfg.vocab_size, cfg.num_layers)  # fmt: skip
     mm = jnp.dtype(cfg.matmul_dtype or cfg.dtype)
-    model = init_model(cfg)
+    # The linears as the engine runs them: packed for the CPU matmul kernel where `cpu_matmul` resolves so.
+    model = serving_model(init_model(cfg), None, FLAGS.cpu_matmul)
+    packed = isinstance(model.layers[0].mlp.down_proj, PackedLinear)
     specs = [(s, *_seqs(s, FLAGS.max_num_seqs)) for s in FLAGS.steps]
     top = max(T for _, T, _ in specs)
     pages_needed = sum(-(-kv // PAGE_SIZE) for _, _, seqs in specs for _, kv in seqs)
@@ -136,7 +145,14 @@ def main(argv):
     # XLA (common subexpressions), and one set would stay in cache where the model's L sets do not.
     layers = [dict(qkv=w(D, (N + 2 * K) * H), o=w(N * H, D), gate_up=w(D, 2 * F), down=w(F, D)) for _ in range(L)]
     weights = dict(gate_up=layers[0]["gate_up"], head=w(D, V))
-    dot = jax.jit(lambda x, y: jnp.dot(x.astype(mm), y, preferred_element_type=jnp.float32))
+    # `bare` stays XLA's dot: the reference peak of a lone matmul of the step's shape.
+    xla_dot = dot = jax.jit(lambda x, y: jnp.dot(x.astype(mm), y, preferred_element_type=jnp.float32))
+    if packed:  # the linears' and LM head's weights as panels, and their matmul the packed kernel (all N's
+        # here are multiples of its 32-column panels, so every panel column is a real one)
+        pack = lambda y: jnp.asarray(cpu_gemm.pack_weight(np.asarray(y)))
+        layers = [{k: pack(v) for k, v in lw.items()} for lw in layers]
+        weights = dict(gate_up=weights["gate_up"], head=pack(weights["head"]))
+        dot = jax.jit(lambda x, y: cpu_gemm.packed_matmul(x, y, y.shape[0] * cpu_gemm.NR))
 
     @jax.jit
     def matmuls(x, a, layers):
@@ -173,13 +189,15 @@ def main(argv):
             inp, _ = pack_step(out, buckets, runner.pad_page, {})
             host.append(1e3 * (time.perf_counter() - t0))
         S = inp.sample_idx.shape[0]
+        # The step's LM head and sampler run on the first HEAD_ROWS rows when its sequences fit there, else on all S.
+        S = HEAD_ROWS if len(seqs) <= HEAD_ROWS < S else S
         x = jax.random.normal(next(key), (T, D), jnp.float32)
         a = jax.random.normal(next(key), (T, N * H), jnp.float32)
         q = jax.random.normal(next(key), (T, N, H), jnp.float32)
         md = tuple(jnp.asarray(v) for v in (inp.kv_lens, inp.page_indices, inp.cu_q_lens, inp.num_seqs))
         hidden = jax.random.normal(next(key), (S, D), jnp.float32)
         logits = dot(hidden, weights["head"])
-        params = [jnp.asarray(v) for v in (inp.temperature, inp.top_k, inp.top_p, inp.seeds, inp.counters)]
+        params = [jnp.asarray(v)[:S] for v in (inp.temperature, inp.top_k, inp.top_p, inp.seeds, inp.counters)]
         programs = {
             "step": lambda inp=inp: runner._run(inp),
             "no_attn": lambda inp=inp: no_attn._run(inp),
@@ -187,7 +205,7 @@ def main(argv):
             "attention": lambda q=q, md=md: attention(q, runner.kv_caches, md),
             "lm_head": lambda h=hidden: dot(h, weights["head"]),
             "sampling": lambda lg=logits, p=params: sampler(lg, *p),
-            "bare": lambda x=x: dot(x, weights["gate_up"]),
+            "bare": lambda x=x: xla_dot(x, weights["gate_up"]),
         }
         times = {k: [] for k in programs}
         for f in programs.values():  # compile and warm up
@@ -206,7 +224,7 @@ def main(argv):
         bare_gflops = 2 * T * D * 2 * F / t["bare"] / 1e6
         row = dict(name=spec, T=T, seqs=len(seqs), **{k: round(v, 2) for k, v in t.items()})
         row.update(gflops=round(step_gflops, 1), bare_gflops=round(bare_gflops, 1))
-        row.update(vs_bare=round(step_gflops / bare_gflops, 2), model=FLAGS.model, matmul_dtype=str(mm))
+        row.update(vs_bare=round(step_gflops / bare_gflops, 2), model=FLAGS.model, matmul_dtype=str(mm), packed=packed)
         rows.append(row)
         print(json.dumps(row), flush=True)
     cols = (

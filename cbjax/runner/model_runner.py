@@ -361,8 +361,8 @@ class ModelRunner:
     def prime(self) -> None:
         """Run every built step program (plain and verifying) that has not run on this runner yet once, on an
         all-padding input: its KV writes go to the spare page and its tokens are dropped. The first run of a
-        program in a process, and a fresh runner's first step, take 2-4x a later run of the same shape (llama-tiny,
-        fidelity engine options: 61-75 ms against 20-25; lazy initialisation on first execution): a full warmup,
+        program in a process, and a fresh runner's first step, take 2-4x a later run of the same shape (a fresh
+        engine's first step in experiments/sim_fidelity.py: 88 ms against 20, docs/sim.md): a full warmup,
         and wait_for_programs, pay that here rather than in the first served steps (a timed run's, a simulator
         calibration's). Call it between steps, from the thread that dispatches them."""
         for verify, programs in ((False, self.programs), (True, self.verify_programs)):

@@ -46,6 +46,7 @@ _SOURCES = tuple(
     _HERE / name
     for name in (
         "cpu_attention_common.h",
+        "cpu_work_queue.h",  # the work items' queue shared by the calling thread and XLA's pool (both handlers)
         "cpu_decode_attention.cc",
         "cpu_prefill_attention.cc",
         "cpu_attention_ffi.cc",

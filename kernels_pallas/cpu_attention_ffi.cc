@@ -12,17 +12,13 @@
 // cost, biggest first, so that a long prefill block does not start last and leave the other threads idle. Each
 // item is computed by one thread in a fixed order: the thread count never changes a result.
 //
-// Threads: items are taken from an atomic counter by the calling thread and by up to num_threads - 1 helpers
-// scheduled on XLA's intra-op thread pool. The caller never waits for a helper that has not started: it does
-// the whole batch alone if need be, then waits only for helpers still inside an item, so a busy pool costs
-// parallelism, never a deadlock. Helpers that start after the call has finished return at once.
+// Threads: the calling thread and up to num_threads - 1 helpers on XLA's intra-op pool take items from one queue
+// (cpu_work_queue.h: a busy pool costs parallelism, never a deadlock).
 
-#include <atomic>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 
 #include "cpu_attention_common.h"
+#include "cpu_work_queue.h"
 
 namespace ffi = xla::ffi;
 
@@ -33,36 +29,19 @@ namespace {
 // converted to f32; fewer rows would convert K/V more often, more would leave too few items for the threads.
 int32_t prefill_block_rows(int64_t R) { return static_cast<int32_t>(std::max<int64_t>(8, 128 / R)); }
 
-// What the calling thread and its helpers share. Owned jointly (shared_ptr), since a helper may start after the
-// call returned; it then sees `closed` and touches nothing else.
+// One call's work: shared by the calling thread and its helpers (cpu_work_queue.h).
 struct Batch {
   Problem p;
   AttendFn decode, prefill;
   std::vector<Item> items;
-  std::atomic<int64_t> next{0};
-  std::mutex mu;
-  std::condition_variable cv;
-  int running = 0;
-  bool closed = false;
+  WorkQueue queue;  // item i: items[i / K], kv head i % K
 
-  void work() {
+  void drain() {
     Scratch scratch;
-    const int64_t total = static_cast<int64_t>(items.size()) * p.K;
-    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < total;) {
+    for (int64_t i; (i = queue.claim()) >= 0;) {
       const Item& it = items[i / p.K];
       (it.rows == 1 ? decode : prefill)(p, it, i % p.K, scratch);
     }
-  }
-
-  void help() {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (closed) return;
-      ++running;
-    }
-    work();
-    std::lock_guard<std::mutex> lock(mu);
-    if (--running == 0) cv.notify_all();
   }
 };
 
@@ -155,13 +134,9 @@ ffi::Error RaggedAttention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffe
   if (batch->items.empty()) return ffi::Error::Success();
 
   const int64_t total = static_cast<int64_t>(batch->items.size()) * p.K;
+  batch->queue.set_total(total);
   int64_t helpers = num_threads > 0 ? num_threads - 1 : pool.num_threads();
-  helpers = std::min(helpers, total - 1);
-  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([batch] { batch->help(); });
-  batch->work();
-  std::unique_lock<std::mutex> lock(batch->mu);
-  batch->closed = true;
-  batch->cv.wait(lock, [&] { return batch->running == 0; });
+  run_on_pool(pool, std::min(helpers, total - 1), batch);
   return ffi::Error::Success();
 }
 

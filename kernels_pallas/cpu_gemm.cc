@@ -20,9 +20,8 @@
 //
 // Work items: (chunk of rows, group of kPanelsPerItem panels). A chunk is as many rows as keep x's chunk
 // (rows x K floats) in about 1 MiB of L2 while every panel streams past it; at decode sizes there is one chunk and
-// every weight is read from memory once per call. Threads: items are taken from an atomic counter by the calling
-// thread and by up to num_threads - 1 helpers on XLA's intra-op pool, as in cpu_attention_ffi.cc: the caller never
-// waits for a helper that has not started.
+// every weight is read from memory once per call. Threads: the calling thread and up to num_threads - 1 helpers on
+// XLA's intra-op pool take items from one queue (cpu_work_queue.h).
 //
 // Prefetching and the measurements behind it: at kPrefetch below. Tried and dropped, on this 2-core Sapphire
 // Rapids: copying each row block of x to [K, R] (its rows 4 KiB apart when K = 1024 share an L1 set; no change
@@ -33,14 +32,12 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <utility>
 
+#include "cpu_work_queue.h"
 #include "xla/ffi/api/ffi.h"
 
 #if defined(__AVX512F__)
@@ -155,35 +152,19 @@ void run_item(const Gemm& g, int64_t row0, int64_t row1, int64_t p0, int64_t p1)
   }
 }
 
-// Shared by the calling thread and its helpers (owned jointly: a helper may start after the call returned; it
-// then sees `closed` and touches nothing else).
+// One call's work: shared by the calling thread and its helpers (cpu_work_queue.h).
 struct Batch {
   Gemm g;
-  int64_t groups = 0, total = 0;
-  std::atomic<int64_t> next{0};
-  std::mutex mu;
-  std::condition_variable cv;
-  int running = 0;
-  bool closed = false;
+  int64_t groups = 0;
+  cbjax_cpu::WorkQueue queue;  // item i: row chunk i / groups, panel group i % groups
 
-  void work() {
-    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < total;) {
+  void drain() {
+    for (int64_t i; (i = queue.claim()) >= 0;) {
       const int64_t c = i / groups, grp = i % groups;
       const int64_t row0 = c * g.chunk, row1 = std::min(g.M, row0 + g.chunk);
       const int64_t p0 = grp * kPanelsPerItem, p1 = std::min(g.P, p0 + kPanelsPerItem);
       run_item(g, row0, row1, p0, p1);
     }
-  }
-
-  void help() {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (closed) return;
-      ++running;
-    }
-    work();
-    std::lock_guard<std::mutex> lock(mu);
-    if (--running == 0) cv.notify_all();
   }
 };
 
@@ -211,14 +192,10 @@ ffi::Error PackedGemm(ffi::ThreadPool pool, F32Matrix x, F32Panels w, int64_t n,
   auto batch = std::make_shared<Batch>();
   batch->g = g;
   batch->groups = (g.P + kPanelsPerItem - 1) / kPanelsPerItem;
-  batch->total = batch->groups * ((M + g.chunk - 1) / g.chunk);
+  const int64_t total = batch->groups * ((M + g.chunk - 1) / g.chunk);
+  batch->queue.set_total(total);
   int64_t helpers = num_threads > 0 ? num_threads - 1 : pool.num_threads();
-  helpers = std::min({helpers, batch->total - 1, M * K * n / kMinWorkPerThread});
-  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([batch] { batch->help(); });
-  batch->work();
-  std::unique_lock<std::mutex> lock(batch->mu);
-  batch->closed = true;
-  batch->cv.wait(lock, [&] { return batch->running == 0; });
+  cbjax_cpu::run_on_pool(pool, std::min({helpers, total - 1, M * K * n / kMinWorkPerThread}), batch);
   return ffi::Error::Success();
 }
 

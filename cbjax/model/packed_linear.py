@@ -32,7 +32,7 @@ class PackedLinear(nnx.Module):
             dtypes.add(jnp.dtype(linear.bias[...].dtype))
         if dtypes != {jnp.dtype(jnp.float32)}:
             raise ValueError(f"PackedLinear takes a float32 nnx.Linear, got dtypes {sorted(map(str, dtypes))}")
-        self.in_features, self.out_features = kernel.shape
+        self.out_features = kernel.shape[1]  # the real columns (the last panel is zero-padded to 32)
         self.kernel_packed = nnx.Param(jnp.asarray(cpu_gemm.pack_weight(np.asarray(kernel))))
         self.bias = None if linear.bias is None else nnx.Param(linear.bias[...])
 

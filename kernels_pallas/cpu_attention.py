@@ -55,10 +55,14 @@ _SOURCES = tuple(
 )
 _FLAGS = ("-O3", "-march=native", "-std=c++17", "-fopenmp-simd", "-fPIC", "-DNDEBUG")
 _SYMBOL = "CbjaxCpuRaggedAttention"
-_GEMM_SYMBOL = "CbjaxCpuPackedGemm"
+# The packed matmul's handlers (cpu_gemm.cc): state key -> (symbol, FFI target prefix).
+_GEMM_SYMBOLS = {
+    "gemm_target": ("CbjaxCpuPackedGemm", "cbjax_cpu_gemm"),
+    "gemm_argmax_target": ("CbjaxCpuPackedGemmArgmax", "cbjax_cpu_gemm_argmax"),
+}
 ROWS = {"decode": 1, "prefill": 2, "both": 3}  # which sequences' rows a call fills (the handler's `rows`)
 _lock = threading.Lock()
-_state: dict = {}  # "lib", "target", "gemm_target" once registered; "error" once failed
+_state: dict = {}  # "lib", "target" and _GEMM_SYMBOLS' keys once registered; "error" once failed
 
 
 def _compiler() -> str | None:
@@ -131,10 +135,13 @@ def _build(cxx: str, path: pathlib.Path) -> None:
 
 def _register(path: pathlib.Path, digest: str) -> None:
     lib = ctypes.cdll.LoadLibrary(str(path))
-    target, gemm_target = f"cbjax_cpu_attention_{digest}", f"cbjax_cpu_gemm_{digest}"
+    target = f"cbjax_cpu_attention_{digest}"
     jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, _SYMBOL)), platform="cpu")
-    jax.ffi.register_ffi_target(gemm_target, jax.ffi.pycapsule(getattr(lib, _GEMM_SYMBOL)), platform="cpu")
-    _state.update(lib=lib, target=target, gemm_target=gemm_target)
+    _state.update(lib=lib, target=target)
+    for key, (symbol, prefix) in _GEMM_SYMBOLS.items():
+        name = f"{prefix}_{digest}"
+        jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+        _state[key] = name
 
 
 def _ensure(build: bool) -> str | None:
@@ -175,10 +182,13 @@ def unavailable_reason() -> str | None:
     return _state.get("error")
 
 
-def gemm_target() -> str | None:
-    """The registered FFI target of the packed-weight matmul in the same library (cpu_gemm.py), building the
-    library first if needed; None if it is unavailable (see `unavailable_reason`)."""
-    return _state.get("gemm_target") if _ensure(build=True) is not None else None
+def gemm_target(argmax: bool = False) -> str | None:
+    """The registered FFI target of the packed-weight matmul in the same library (cpu_gemm.py), or with `argmax`
+    of its row-wise argmax, building the library first if needed; None if it is unavailable (see
+    `unavailable_reason`)."""
+    if _ensure(build=True) is None:
+        return None
+    return _state.get("gemm_argmax_target" if argmax else "gemm_target")
 
 
 def default_num_threads() -> int:

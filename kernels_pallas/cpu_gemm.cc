@@ -33,9 +33,11 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "cpu_work_queue.h"
 #include "xla/ffi/api/ffi.h"
@@ -71,15 +73,61 @@ constexpr int64_t kPrefetch = 2048;
 struct Gemm {
   const float* x;  // [M, K]
   const float* w;  // [P, K, kNR]
-  float* y;        // [M, N]
+  float* y;        // [M, N]; null for the argmax kernel
   int64_t M, K, N, P, chunk;
+  float* best;        // argmax: [groups, M] the best value of each (panel group, row) (NaN: a NaN was seen)
+  int32_t* best_col;  // argmax: [groups, M] its column
 };
 
-// y[0..R, 0..cols) = x[0..R, :] @ panel (cols <= kNR: the last panel's real columns). `next`, if not null: the
-// panel to prefetch into L2 meanwhile, a k-row per k.
-template <int R>
+// The argmax kernel folds each row's sums of a panel into the row's running best instead of storing them: the
+// first NaN wins, else the largest value, the lowest column on ties, as jnp.argmax and the sampler's argmax_last
+// pick. The sums are the plain kernel's, bit for bit, so the fused greedy head picks the token the unfused one
+// would. Columns past N (the last panel's zero padding) never win.
+inline void fold_best(const float* v, int64_t cols, int64_t col, float& best, int32_t& best_col) {
+  if (std::isnan(best)) return;
+  for (int64_t j = 0; j < cols; ++j) {
+    if (std::isnan(v[j])) {
+      best = v[j];
+      best_col = static_cast<int32_t>(col + j);
+      return;
+    }
+    if (v[j] > best) {
+      best = v[j];
+      best_col = static_cast<int32_t>(col + j);
+    }
+  }
+}
+
+#if defined(__AVX512F__)
+inline void fold_best(__m512 v0, __m512 v1, __mmask16 m0, __mmask16 m1, int64_t col, float& best,
+                      int32_t& best_col) {
+  if (std::isnan(best)) return;
+  const __m512 lowest = _mm512_set1_ps(-INFINITY);
+  v0 = _mm512_mask_blend_ps(m0, lowest, v0);
+  v1 = _mm512_mask_blend_ps(m1, lowest, v1);
+  const uint32_t nan = static_cast<uint32_t>(_mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q)) |
+                       static_cast<uint32_t>(_mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q)) << 16;
+  if (nan) {
+    best = NAN;
+    best_col = static_cast<int32_t>(col + __builtin_ctz(nan));
+    return;
+  }
+  const float m = _mm512_reduce_max_ps(_mm512_max_ps(v0, v1));
+  if (!(m > best)) return;
+  const __m512 mv = _mm512_set1_ps(m);
+  const uint32_t eq = static_cast<uint32_t>(_mm512_cmp_ps_mask(v0, mv, _CMP_EQ_OQ)) |
+                      static_cast<uint32_t>(_mm512_cmp_ps_mask(v1, mv, _CMP_EQ_OQ)) << 16;
+  best = m;
+  best_col = static_cast<int32_t>(col + __builtin_ctz(eq));
+}
+#endif
+
+// y[0..R, 0..cols) = x[0..R, :] @ panel (cols <= kNR: the last panel's real columns), or with kArgmax those sums
+// folded into best[0..R) / best_col[0..R) (rows R apart by `stride`) instead. `next`, if not null: the panel to
+// prefetch into L2 meanwhile, a k-row per k. `col`: the panel's first column.
+template <int R, bool kArgmax>
 void block(const float* __restrict x, const float* __restrict panel, float* __restrict y, int64_t K, int64_t N,
-           int64_t cols, const float* next) {
+           int64_t col, int64_t cols, const float* next, float* best, int32_t* best_col) {
 #if defined(__AVX512F__)
   __m512 a0[R], a1[R];
 #pragma GCC unroll 16
@@ -105,8 +153,12 @@ void block(const float* __restrict x, const float* __restrict panel, float* __re
   const __mmask16 m1 = cols >= 32 ? 0xffff : cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1);
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
-    _mm512_mask_storeu_ps(y + r * N, m0, a0[r]);
-    _mm512_mask_storeu_ps(y + r * N + 16, m1, a1[r]);
+    if constexpr (kArgmax) {
+      fold_best(a0[r], a1[r], m0, m1, col, best[r], best_col[r]);
+    } else {
+      _mm512_mask_storeu_ps(y + r * N + col, m0, a0[r]);
+      _mm512_mask_storeu_ps(y + r * N + col + 16, m1, a1[r]);
+    }
   }
 #else
   (void)next;  // the portable path leaves prefetching to the hardware
@@ -120,23 +172,40 @@ void block(const float* __restrict x, const float* __restrict panel, float* __re
       for (int64_t j = 0; j < kNR; ++j) acc[r][j] += xr * b[j];
     }
   }
-  for (int r = 0; r < R; ++r) std::memcpy(y + r * N, acc[r], cols * sizeof(float));
+  for (int r = 0; r < R; ++r) {
+    if constexpr (kArgmax) {
+      fold_best(acc[r], cols, col, best[r], best_col[r]);
+    } else {
+      std::memcpy(y + r * N + col, acc[r], cols * sizeof(float));
+    }
+  }
 #endif
 }
 
-using BlockFn = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t, const float*);
+using BlockFn = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t, const float*, float*,
+                         int32_t*);
 
-template <int... Rs>
+template <bool kArgmax, int... Rs>
 constexpr auto make_blocks(std::integer_sequence<int, Rs...>) {
-  return std::array<BlockFn, sizeof...(Rs)>{block<Rs + 1>...};
+  return std::array<BlockFn, sizeof...(Rs)>{block<Rs + 1, kArgmax>...};
 }
-constexpr auto kBlocks = make_blocks(std::make_integer_sequence<int, kMR>{});  // kBlocks[R - 1] does R rows
+// kBlocks[a][R - 1] does R rows; a = 1: the argmax kernel.
+constexpr std::array<std::array<BlockFn, kMR>, 2> kBlocks = {
+    make_blocks<false>(std::make_integer_sequence<int, kMR>{}),
+    make_blocks<true>(std::make_integer_sequence<int, kMR>{})};
 
-// Rows [row0, row1) times panels [p0, p1).
-void run_item(const Gemm& g, int64_t row0, int64_t row1, int64_t p0, int64_t p1) {
+// Rows [row0, row1) times panels [p0, p1) (panel group `grp` for the argmax kernel's partial results).
+void run_item(const Gemm& g, int64_t row0, int64_t row1, int64_t p0, int64_t p1, int64_t grp) {
+  const bool argmax = g.y == nullptr;
   const int64_t rows = row1 - row0;
   const int64_t nblocks = (rows + kMR - 1) / kMR;
   const int64_t base = rows / nblocks, extra = rows % nblocks;  // the first `extra` blocks get one more row
+  float* best = argmax ? g.best + grp * g.M : nullptr;
+  int32_t* best_col = argmax ? g.best_col + grp * g.M : nullptr;
+  if (argmax) {
+    std::fill(best + row0, best + row1, -INFINITY);
+    std::fill(best_col + row0, best_col + row1, static_cast<int32_t>(p0 * kNR));
+  }
   for (int64_t p = p0; p < p1; ++p) {
     const float* panel = g.w + p * g.K * kNR;
     const int64_t col = p * kNR, cols = std::min(kNR, g.N - col);
@@ -146,7 +215,8 @@ void run_item(const Gemm& g, int64_t row0, int64_t row1, int64_t p0, int64_t p1)
     int64_t r = row0;
     for (int64_t b = 0; b < nblocks; ++b) {
       const int64_t n = base + (b < extra ? 1 : 0);
-      kBlocks[n - 1](g.x + r * g.K, panel, g.y + r * g.N + col, g.K, g.N, cols, b == 0 ? next : nullptr);
+      kBlocks[argmax][n - 1](g.x + r * g.K, panel, argmax ? nullptr : g.y + r * g.N, g.K, g.N, col, cols,
+                             b == 0 ? next : nullptr, argmax ? best + r : nullptr, argmax ? best_col + r : nullptr);
       r += n;
     }
   }
@@ -163,39 +233,95 @@ struct Batch {
       const int64_t c = i / groups, grp = i % groups;
       const int64_t row0 = c * g.chunk, row1 = std::min(g.M, row0 + g.chunk);
       const int64_t p0 = grp * kPanelsPerItem, p1 = std::min(g.P, p0 + kPanelsPerItem);
-      run_item(g, row0, row1, p0, p1);
+      run_item(g, row0, row1, p0, p1, grp);
     }
   }
 };
 
 using F32Matrix = ffi::Buffer<ffi::F32, 2>;
 using F32Panels = ffi::Buffer<ffi::F32, 3>;
+using S32Vector = ffi::Buffer<ffi::S32, 1>;
 
-ffi::Error PackedGemm(ffi::ThreadPool pool, F32Matrix x, F32Panels w, int64_t n, int32_t num_threads,
-                      ffi::Result<F32Matrix> y) {
-  auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
-  const int64_t M = xd[0], K = xd[1];
+// The checks both handlers share. On success `rows` is how many leading rows to compute: valid_rows clamped to
+// [0, M]; the rows past it are a padded batch's padding (a step's buckets pad 10-20% of a decode step's rows).
+ffi::Error check(const F32Matrix& x, const F32Panels& w, const S32Vector& valid_rows, int64_t n, int64_t& rows) {
+  auto xd = x.dimensions(), wd = w.dimensions();
   if (wd[2] != kNR) return ffi::Error::InvalidArgument("packed weights must be [ceil(N / 32), K, 32]");
-  if (wd[1] != K) return ffi::Error::InvalidArgument("x [M, K] and the packed weights [P, K, 32] differ in K");
+  if (wd[1] != xd[1]) return ffi::Error::InvalidArgument("x [M, K] and the packed weights [P, K, 32] differ in K");
   if (n < 0 || wd[0] != (n + kNR - 1) / kNR)
     return ffi::Error::InvalidArgument("the packed weights' panel count is not ceil(n / 32)");
-  if (yd[0] != M || yd[1] != n) return ffi::Error::InvalidArgument("the output must be [M, n]");
-  if (M == 0 || n == 0) return ffi::Error::Success();
-  if (K == 0) {
-    std::memset(y->typed_data(), 0, y->size_bytes());
-    return ffi::Error::Success();
-  }
-  Gemm g{x.typed_data(), w.typed_data(), y->typed_data(), M, K, n, wd[0], 0};
-  // A chunk is a whole number of full register blocks, so chunk boundaries do not leave short blocks behind.
-  g.chunk = std::max<int64_t>(kMR, kChunkBytes / (K * 4) / kMR * kMR);
+  if (valid_rows.element_count() != 1) return ffi::Error::InvalidArgument("valid_rows must hold one int32");
+  rows = std::clamp<int64_t>(valid_rows.typed_data()[0], 0, xd[0]);
+  return ffi::Error::Success();
+}
 
+// Runs every item of g (g.M rows, K > 0, n > 0) on the calling thread and up to num_threads - 1 pool helpers.
+void run(ffi::ThreadPool& pool, Gemm g, int32_t num_threads) {
   auto batch = std::make_shared<Batch>();
   batch->g = g;
   batch->groups = (g.P + kPanelsPerItem - 1) / kPanelsPerItem;
-  const int64_t total = batch->groups * ((M + g.chunk - 1) / g.chunk);
+  const int64_t total = batch->groups * ((g.M + g.chunk - 1) / g.chunk);
   batch->queue.set_total(total);
   int64_t helpers = num_threads > 0 ? num_threads - 1 : pool.num_threads();
-  cbjax_cpu::run_on_pool(pool, std::min({helpers, total - 1, M * K * n / kMinWorkPerThread}), batch);
+  cbjax_cpu::run_on_pool(pool, std::min({helpers, total - 1, g.M * g.K * g.N / kMinWorkPerThread}), batch);
+}
+
+Gemm make_gemm(const F32Matrix& x, const F32Panels& w, int64_t rows, int64_t n) {
+  const int64_t K = x.dimensions()[1];
+  // A chunk is a whole number of full register blocks, so chunk boundaries do not leave short blocks behind.
+  const int64_t chunk = std::max<int64_t>(kMR, kChunkBytes / (std::max<int64_t>(K, 1) * 4) / kMR * kMR);
+  return Gemm{x.typed_data(), w.typed_data(), nullptr, rows, K, n, w.dimensions()[0], chunk, nullptr, nullptr};
+}
+
+ffi::Error PackedGemm(ffi::ThreadPool pool, F32Matrix x, F32Panels w, S32Vector valid_rows, int64_t n,
+                      int32_t num_threads, ffi::Result<F32Matrix> y) {
+  int64_t M;
+  if (auto e = check(x, w, valid_rows, n, M); e.failure()) return e;
+  auto yd = y->dimensions();
+  if (yd[0] != x.dimensions()[0] || yd[1] != n) return ffi::Error::InvalidArgument("the output must be [M, n]");
+  if (M < yd[0]) std::memset(y->typed_data() + M * n, 0, (yd[0] - M) * n * sizeof(float));  // padding rows
+  if (M == 0 || n == 0) return ffi::Error::Success();
+  Gemm g = make_gemm(x, w, M, n);
+  g.y = y->typed_data();
+  if (g.K == 0) {
+    std::memset(g.y, 0, M * n * sizeof(float));
+    return ffi::Error::Success();
+  }
+  run(pool, g, num_threads);
+  return ffi::Error::Success();
+}
+
+// argmax over the columns of x @ w, per row, without storing the product (the greedy LM head): the first NaN,
+// else the first column of the largest value. Rows past valid_rows get 0.
+ffi::Error PackedGemmArgmax(ffi::ThreadPool pool, F32Matrix x, F32Panels w, S32Vector valid_rows, int64_t n,
+                            int32_t num_threads, ffi::Result<S32Vector> out) {
+  int64_t M;
+  if (auto e = check(x, w, valid_rows, n, M); e.failure()) return e;
+  if (out->element_count() != x.dimensions()[0]) return ffi::Error::InvalidArgument("the output must be [M]");
+  if (n == 0) return ffi::Error::InvalidArgument("argmax over zero columns");
+  int32_t* idx = out->typed_data();
+  std::fill(idx, idx + out->element_count(), 0);
+  if (M == 0 || x.dimensions()[1] == 0) return ffi::Error::Success();  // K = 0: all zeros, column 0 wins
+  Gemm g = make_gemm(x, w, M, n);
+  const int64_t groups = (g.P + kPanelsPerItem - 1) / kPanelsPerItem;
+  std::vector<float> best(groups * M);
+  std::vector<int32_t> best_col(groups * M);
+  g.best = best.data();
+  g.best_col = best_col.data();
+  run(pool, g, num_threads);
+  // The groups' winners in column order, with the rule of fold_best.
+  for (int64_t m = 0; m < M; ++m) {
+    float b = best[m];
+    int32_t c = best_col[m];
+    for (int64_t grp = 1; grp < groups && !std::isnan(b); ++grp) {
+      const float v = best[grp * M + m];
+      if (std::isnan(v) || v > b) {
+        b = v;
+        c = best_col[grp * M + m];
+      }
+    }
+    idx[m] = c;
+  }
   return ffi::Error::Success();
 }
 
@@ -207,7 +333,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(CbjaxCpuPackedGemm, cbjax_gemm::PackedGemm,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<cbjax_gemm::F32Matrix>()  // x [M, K]
                                   .Arg<cbjax_gemm::F32Panels>()  // w packed [ceil(n / 32), K, 32]
+                                  .Arg<cbjax_gemm::S32Vector>()  // valid_rows [1]: rows past it are zeros
                                   .Attr<int64_t>("n")            // real output columns
                                   .Attr<int32_t>("num_threads")  // <= 0: the intra-op pool's size
                                   .Ret<cbjax_gemm::F32Matrix>()  // y [M, n]
+);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CbjaxCpuPackedGemmArgmax, cbjax_gemm::PackedGemmArgmax,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<cbjax_gemm::F32Matrix>()  // x [M, K]
+                                  .Arg<cbjax_gemm::F32Panels>()  // w packed [ceil(n / 32), K, 32]
+                                  .Arg<cbjax_gemm::S32Vector>()  // valid_rows [1]: rows past it get 0
+                                  .Attr<int64_t>("n")            // real columns
+                                  .Attr<int32_t>("num_threads")  // <= 0: the intra-op pool's size
+                                  .Ret<cbjax_gemm::S32Vector>()  // argmax [M]
 );

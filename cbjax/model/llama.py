@@ -41,6 +41,14 @@ def _write_rows(pages, rows, slot_mapping):
     return pages.reshape(Kh, P * G, X).at[:, slot_mapping].set(rows).reshape(Kh, P, G, X)
 
 
+def project(linear, x, valid_rows=None):
+    """linear(x). `valid_rows` (int32 [1], traced): a padded batch's real rows, the leading ones; a linear that
+    can skip the padding rows (PackedLinear: `skips_padding_rows`) is told, the others compute every row."""
+    if valid_rows is not None and getattr(linear, "skips_padding_rows", False):
+        return linear(x, valid_rows)
+    return linear(x)
+
+
 class RMSNorm(nnx.Module):
     def __init__(self, dim: int, eps: float, dtype):
         self.eps = eps
@@ -81,10 +89,10 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(H, cfg.rms_norm_eps, jnp.dtype(cfg.dtype))
             self.k_norm = RMSNorm(H, cfg.rms_norm_eps, jnp.dtype(cfg.dtype))
 
-    def _qkv(self, x, positions):
+    def _qkv(self, x, positions, valid_rows=None):
         cfg = self.cfg
         N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.dim_per_head
-        q, k, v = jnp.split(self.qkv_proj(x), [N * H, (N + K) * H], axis=-1)
+        q, k, v = jnp.split(project(self.qkv_proj, x, valid_rows), [N * H, (N + K) * H], axis=-1)
         q = q.reshape(*x.shape[:-1], N, H)
         k = k.reshape(*x.shape[:-1], K, H)
         v = v.reshape(*x.shape[:-1], K, H)
@@ -98,9 +106,10 @@ class Attention(nnx.Module):
         """x [T, D] -> ([T, D], the layer's cache updated with this step's tokens). `cache`: (k_pages, v_pages)
         [K, P, G, H], or with an int8 cache (k_pages, v_pages, k_scales, v_scales), the scales [K, P, G, 1]
         (kernels_pallas/kv_quant.py). `mesh`: tensor parallelism (attention split by kv heads, see
-        kernels_pallas.dispatch)."""
+        kernels_pallas.dispatch). The step's tokens are x's first md.cu_q_lens[-1] rows, the rest padding."""
         T = x.shape[0]
-        q, k, v = self._qkv(x, positions)
+        valid_rows = md.cu_q_lens[-1:]
+        q, k, v = self._qkv(x, positions, valid_rows)
         if len(cache) == 4:  # int8 pages: each new row is quantized once, here, with its own scale
             (k, k_scale), (v, v_scale) = kv_quant.quantize(k), kv_quant.quantize(v)
             rows = (k, v, k_scale, v_scale)
@@ -123,7 +132,7 @@ class Attention(nnx.Module):
             mesh=mesh,
             **scales,
         )
-        return self.o_proj(out.reshape(T, -1)), cache
+        return project(self.o_proj, out.reshape(T, -1), valid_rows), cache
 
     def full(self, x, positions, kv_round_trip: Callable | None = None):
         """Dense causal attention over x [B, S, D], no cache. `kv_round_trip`: what storing K and V [B, S, K, H] in
@@ -153,9 +162,10 @@ class MLP(nnx.Module):
         self.gate_up_proj = _linear(cfg, cfg.hidden_size, 2 * cfg.intermediate_size, rngs)
         self.down_proj = _linear(cfg, cfg.intermediate_size, cfg.hidden_size, rngs)
 
-    def __call__(self, x):
-        gate, up = jnp.split(self.gate_up_proj(x), 2, axis=-1)
-        return self.down_proj(jax.nn.silu(gate) * up)
+    def __call__(self, x, valid_rows=None):
+        """`valid_rows`: x's real rows, the leading ones (see `project`); None: all."""
+        gate, up = jnp.split(project(self.gate_up_proj, x, valid_rows), 2, axis=-1)
+        return project(self.down_proj, jax.nn.silu(gate) * up, valid_rows)
 
 
 class DecoderLayer(nnx.Module):
@@ -200,15 +210,26 @@ class Llama(nnx.Module):
         for layer, cache in zip(self.layers, kv_caches):
             h, cache = layer.attn(layer.input_norm(x), positions, cache, md, backend, interpret, mesh)
             x = x + h
-            x = x + layer.mlp(layer.post_attn_norm(x))
+            x = x + layer.mlp(layer.post_attn_norm(x), md.cu_q_lens[-1:])
             new_caches.append(cache)
         return self.norm(x), new_caches
 
-    def logits(self, hidden):
-        """hidden [..., D] -> float32 logits [..., V]."""
+    def logits(self, hidden, valid_rows=None):
+        """hidden [..., D] -> float32 logits [..., V]. `valid_rows`: hidden's real rows, the leading ones (see
+        `project`; the logits of the others may then be zeros); None: all."""
         if self.cfg.tie_word_embeddings:
             return self.embed.attend(hidden).astype(jnp.float32)
-        return self.lm_head(hidden).astype(jnp.float32)
+        return project(self.lm_head, hidden, valid_rows).astype(jnp.float32)
+
+    @property
+    def fuses_greedy_head(self) -> bool:
+        """Whether `greedy_tokens` is available: an untied LM head that fuses its argmax (PackedLinear)."""
+        return not self.cfg.tie_word_embeddings and getattr(self.lm_head, "fuses_argmax", False)
+
+    def greedy_tokens(self, hidden, valid_rows=None):
+        """hidden [..., D] -> int32 [...]: argmax of logits(hidden) (first index on ties, as the sampler's greedy
+        pick), without materialising the [..., V] logits. Only where `fuses_greedy_head`."""
+        return self.lm_head.argmax(hidden, valid_rows)
 
     def forward_full(self, tokens, kv_round_trip: Callable | None = None):
         """Oracle: tokens [B, S] -> logits [B, S, V] with plain causal attention and no cache. `kv_round_trip`:

@@ -36,11 +36,30 @@ class PackedLinear(nnx.Module):
         self.kernel_packed = nnx.Param(jnp.asarray(cpu_gemm.pack_weight(np.asarray(kernel))))
         self.bias = None if linear.bias is None else nnx.Param(linear.bias[...])
 
-    def __call__(self, x):
-        y = cpu_gemm.packed_matmul(x.astype(jnp.float32), self.kernel_packed[...], self.out_features)
+    # cbjax/model/llama.py's `project` passes a padded batch's real row count to linears that declare this.
+    skips_padding_rows = True
+
+    def __call__(self, x, valid_rows=None):
+        """`valid_rows` (int32, may be traced): x's rows from there on are padding; their outputs are zeros and
+        are not computed (cpu_gemm.packed_matmul)."""
+        w = self.kernel_packed[...]
+        y = cpu_gemm.packed_matmul(x.astype(jnp.float32), w, self.out_features, valid_rows=valid_rows)
         if self.bias is not None:
             y = y + self.bias[...]
         return y
+
+    @property
+    def fuses_argmax(self) -> bool:
+        """Whether `argmax` is available: the product's argmax is the output's only without a bias."""
+        return self.bias is None
+
+    def argmax(self, x, valid_rows=None):
+        """argmax over the output columns of self(x), int32 [...], without materialising the output (the greedy
+        LM head: cpu_gemm.packed_matmul_argmax; the values it compares are self(x)'s, bit for bit)."""
+        if not self.fuses_argmax:
+            raise ValueError("PackedLinear.argmax: a linear with a bias has no fused argmax")
+        w = self.kernel_packed[...]
+        return cpu_gemm.packed_matmul_argmax(x.astype(jnp.float32), w, self.out_features, valid_rows=valid_rows)
 
 
 def _linears(model) -> list[tuple[object, str]]:

@@ -98,9 +98,14 @@ def _head_and_sample(model, hidden, inp: StepInput):
     """Tokens [S] for the step's S slots: the LM head only on each sequence's last token ([S, V], not [T, V])."""
 
     def head_and_sample(rows: int):
-        logits = model.logits(hidden[inp.sample_idx[:rows]])
-        params = (inp.temperature, inp.top_k, inp.top_p, inp.seeds, inp.counters)
-        return sample(logits, *(x[:rows] for x in params))
+        h = hidden[inp.sample_idx[:rows]]  # rows past num_seqs: padding (temperature 0)
+        params = [x[:rows] for x in (inp.temperature, inp.top_k, inp.top_p, inp.seeds, inp.counters)]
+        full = lambda: sample(model.logits(h, valid_rows=inp.num_seqs), *params)
+        if not model.fuses_greedy_head:
+            return full()
+        # An all-greedy step skips the [rows, V] logits: the LM head's argmax, fused (the same values, the same
+        # pick as the sampler's greedy argmax).
+        return jax.lax.cond(jnp.all(params[0] == 0), lambda: model.greedy_tokens(h, inp.num_seqs), full)
 
     S = inp.sample_idx.shape[0]
     if S <= HEAD_ROWS:

@@ -89,6 +89,31 @@ def test_a_rows_result_is_bitwise_independent_of_batch_and_threads():
 
 
 @needs_kernel
+def test_valid_rows_computes_the_leading_rows_and_zeros_the_rest():
+    """A padded batch's rows from valid_rows on are zeros (even where x holds NaN there); the rows before are
+    bitwise those of the full call. Out-of-range counts clamp to [0, M]; a traced count works under jit."""
+    M, K, N = 40, 96, 70
+    x, w = operands(np.random.default_rng(3), M, K, N)
+    wp = jnp.asarray(cpu_gemm.pack_weight(w))
+    full = np.asarray(cpu_gemm.packed_matmul(x, wp, N))
+    run = jax.jit(lambda x, r: cpu_gemm.packed_matmul(x, wp, N, valid_rows=r))
+    for valid in (0, 1, 13, 39, 40):
+        poisoned = np.asarray(x).copy()
+        poisoned[valid:] = np.nan
+        got = np.asarray(run(poisoned, np.int32(valid)))
+        np.testing.assert_array_equal(got[:valid], full[:valid])
+        np.testing.assert_array_equal(got[valid:], 0.0)
+        want = cpu_gemm.reference_packed_matmul(np.nan_to_num(poisoned), wp, N, valid_rows=valid)
+        np.testing.assert_allclose(got, np.asarray(want), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(run(x, np.int32(-3))), 0.0)
+    np.testing.assert_array_equal(np.asarray(run(x, np.int32(M + 5))), full)
+    # Leading dims: the count is over the flattened rows.
+    got = np.asarray(cpu_gemm.packed_matmul(np.asarray(x).reshape(4, 10, K), wp, N, valid_rows=np.array([25])))
+    np.testing.assert_array_equal(got.reshape(M, N)[:25], full[:25])
+    np.testing.assert_array_equal(got.reshape(M, N)[25:], 0.0)
+
+
+@needs_kernel
 def test_empty_operands():
     wp = cpu_gemm.pack_weight(np.ones((8, 40), np.float32))
     assert cpu_gemm.packed_matmul(np.ones((0, 8), np.float32), wp, 40).shape == (0, 40)
@@ -115,3 +140,46 @@ def test_bad_shapes_and_dtypes_are_refused():
         cpu_gemm.packed_matmul(x, wp, -1)
     with pytest.raises(ValueError, match="n must be"):
         cpu_gemm.packed_matmul(x, wp, 40.0)
+
+
+@needs_kernel
+def test_argmax_is_the_argmax_of_the_matmul():
+    """packed_matmul_argmax picks jnp.argmax's column of packed_matmul's (bitwise equal) product: ties go to the
+    first column (across panels and panel groups), a NaN wins (the first one), columns past N never win, rows past
+    valid_rows get 0; bitwise the same with 1 or 2 threads."""
+    M, K, N = 30, 64, 1000  # 32 panels: 8 panel groups of work items
+    x, w = operands(np.random.default_rng(4), M, K, N)
+    w = np.asarray(w).copy()
+    w[:, 900:] = w[:, 100:200]  # columns 900.. repeat 100..199: every tie across groups goes to the earlier one
+    x = np.asarray(x).copy()
+    x[3] = 0.0  # all-zero row: every column ties, column 0 wins
+    x[4] = -1e30  # huge values: +-inf in the product
+    wp = jnp.asarray(cpu_gemm.pack_weight(w))
+    y = np.asarray(cpu_gemm.packed_matmul(x, wp, N))
+    got = np.asarray(cpu_gemm.packed_matmul_argmax(x, wp, N, num_threads=2))
+    np.testing.assert_array_equal(got, np.argmax(y, axis=-1))
+    np.testing.assert_array_equal(got, np.asarray(cpu_gemm.packed_matmul_argmax(x, wp, N, num_threads=1)))
+    # NaN: the first NaN column wins (as jnp.argmax).
+    w_nan = w.copy()
+    w_nan[:, 777] = np.nan
+    w_nan[:, 5] = np.where(np.arange(K) == 0, np.nan, w_nan[:, 5])  # NaN in column 5 only through x's column 0
+    wp_nan = jnp.asarray(cpu_gemm.pack_weight(w_nan))
+    y_nan = np.asarray(cpu_gemm.packed_matmul(x, wp_nan, N))
+    np.testing.assert_array_equal(
+        np.asarray(cpu_gemm.packed_matmul_argmax(x, wp_nan, N)), np.asarray(jnp.argmax(y_nan, axis=-1))
+    )
+    # N not a multiple of 32: the zero-padded columns never win, even over all-negative real columns.
+    n_odd = 37
+    w_neg = -np.abs(w[:, :n_odd]) - 1.0
+    x_pos = np.abs(x) + 0.1
+    got = cpu_gemm.packed_matmul_argmax(x_pos, cpu_gemm.pack_weight(w_neg), n_odd)
+    np.testing.assert_array_equal(np.asarray(got), np.argmax(x_pos @ w_neg, axis=-1))
+    # valid_rows under jit, and leading dims.
+    run = jax.jit(lambda x, r: cpu_gemm.packed_matmul_argmax(x, wp, N, valid_rows=r))
+    got = np.asarray(run(x, np.int32(17)))
+    np.testing.assert_array_equal(got[:17], np.argmax(y, axis=-1)[:17])
+    np.testing.assert_array_equal(got[17:], 0)
+    got = cpu_gemm.packed_matmul_argmax(x.reshape(5, 6, K), wp, N)
+    np.testing.assert_array_equal(np.asarray(got).reshape(M), np.argmax(y, axis=-1))
+    with pytest.raises(ValueError, match="n >= 1"):
+        cpu_gemm.packed_matmul_argmax(x[:, :0], cpu_gemm.pack_weight(np.ones((0, 0), np.float32)), 0)

@@ -11,10 +11,12 @@ are timed round-robin (`--rounds` rounds of 3 calls; medians):
   no_attn    the same program built with the paged attention replaced by its query (KV writes kept): in-step
              attention = step - no_attn
   matmuls    the step's linear layers alone (qkv, o, gate_up, down), x num_layers, on random activations
+             (with the packed kernel, on the step's real rows only, as the engine)
   attention  the paged attention alone on the step's real metadata and cache, x num_layers
   lm_head    the LM head matmul on the rows the step's head runs on: S = min(T, max_num_seqs), or the first 32
-             (model_runner.HEAD_ROWS) when the step's sequences fit there
-  sampling   the sampler on those rows' logits
+             (model_runner.HEAD_ROWS) when the step's sequences fit there; with the packed kernel the fused
+             greedy head the engine runs for an all-greedy step (the argmax of the product, no logits)
+  sampling   the sampler on those rows' logits (0 with the packed kernel's fused greedy head)
   other      step - (matmuls + in-step attention + lm_head + sampling): norms, RoPE, KV writes, embedding, glue
   host       pack_step on the host
 The linears, `matmuls` and `lm_head` run the engine's matmul: the packed CPU kernel where `--cpu_matmul` (the engine
@@ -152,15 +154,21 @@ def main(argv):
         pack = lambda y: jnp.asarray(cpu_gemm.pack_weight(np.asarray(y)))
         layers = [{k: pack(v) for k, v in lw.items()} for lw in layers]
         weights = dict(gate_up=weights["gate_up"], head=pack(weights["head"]))
-        dot = jax.jit(lambda x, y: cpu_gemm.packed_matmul(x, y, y.shape[0] * cpu_gemm.NR))
+        # valid_rows: the engine's linears skip a padded batch's padding rows (None: every row).
+        dot = lambda x, y, rows=None: cpu_gemm.packed_matmul(x, y, y.shape[0] * cpu_gemm.NR, valid_rows=rows)
+        dot = jax.jit(dot)
 
     @jax.jit
-    def matmuls(x, a, layers):
+    def matmuls(x, a, layers, rows):
         acc = jnp.zeros((), jnp.float32)
+        mm_rows = (lambda x, y: dot(x, y, rows)) if packed else dot
         for lw in layers:  # the step's L layers of linears, kept alive through a reduction
-            acc += dot(x, lw["qkv"]).sum() + dot(a, lw["o"]).sum()
-            acc += dot(jax.nn.silu(dot(x, lw["gate_up"]))[:, :F], lw["down"]).sum()
+            acc += mm_rows(x, lw["qkv"]).sum() + mm_rows(a, lw["o"]).sum()
+            acc += mm_rows(jax.nn.silu(mm_rows(x, lw["gate_up"]))[:, :F], lw["down"]).sum()
         return acc
+
+    # With the packed kernel an all-greedy step's head is fused: the LM head's argmax, no logits, no sampler.
+    greedy_head = jax.jit(lambda h, rows: cpu_gemm.packed_matmul_argmax(h, weights["head"], V, valid_rows=rows))
 
     @jax.jit
     def attention(q, kv_caches, md):
@@ -198,15 +206,19 @@ def main(argv):
         hidden = jax.random.normal(next(key), (S, D), jnp.float32)
         logits = dot(hidden, weights["head"])
         params = [jnp.asarray(v)[:S] for v in (inp.temperature, inp.top_k, inp.top_p, inp.seeds, inp.counters)]
+        tokens, n = np.int32(sum(q for q, _ in seqs)), np.int32(len(seqs))
         programs = {
             "step": lambda inp=inp: runner._run(inp),
             "no_attn": lambda inp=inp: no_attn._run(inp),
-            "matmuls": lambda x=x, a=a: matmuls(x, a, layers),
+            "matmuls": lambda x=x, a=a, r=tokens: matmuls(x, a, layers, r),
             "attention": lambda q=q, md=md: attention(q, runner.kv_caches, md),
             "lm_head": lambda h=hidden: dot(h, weights["head"]),
             "sampling": lambda lg=logits, p=params: sampler(lg, *p),
             "bare": lambda x=x: xla_dot(x, weights["gate_up"]),
         }
+        if packed:  # the fused greedy head, in the `lm_head` column; nothing left to sample
+            programs["lm_head"] = lambda h=hidden, r=n: greedy_head(h, r)
+            del programs["sampling"]
         times = {k: [] for k in programs}
         for f in programs.values():  # compile and warm up
             jax.block_until_ready(f())
@@ -214,11 +226,11 @@ def main(argv):
             for k, f in programs.items():
                 times[k].append(_median_ms(f))
         t = {k: statistics.median(v) for k, v in times.items()}
+        t.setdefault("sampling", 0.0)
         t["in_step_attention"] = t["step"] - t["no_attn"]
         t["other"] = t["no_attn"] - t["matmuls"] - t["lm_head"] - t["sampling"]
         t["host"] = statistics.median(host)
-        tokens = sum(q for q, _ in seqs)
-        linear_flops = 2 * tokens * L * (D * (N + 2 * K) * H + N * H * D + 2 * D * F + F * D)
+        linear_flops = 2 * int(tokens) * L * (D * (N + 2 * K) * H + N * H * D + 2 * D * F + F * D)
         attn_flops = 4 * L * N * H * sum(q * (kv - q) + q * (q + 1) // 2 for q, kv in seqs)
         step_gflops = (linear_flops + attn_flops + 2 * len(seqs) * D * V) / t["step"] / 1e6
         bare_gflops = 2 * T * D * 2 * F / t["bare"] / 1e6

@@ -24,6 +24,94 @@ namespace {
 #endif
 constexpr int64_t kPrefetchPages = CBJAX_PREFETCH_PAGES;
 
+#if defined(__AVX512F__)
+// Lane i of the result is the sum of the 16 lanes of x[i]: a transpose-add tree (unpack within 128-bit lanes,
+// then 128-bit shuffles), 15 adds and 30 shuffles for 16 sums instead of ~8 shuffles and adds for each one.
+inline __m512 sum_lanes16(const __m512 x[16]) {
+  __m512 a[8], b[4], c[2];
+  for (int i = 0; i < 8; ++i)  // lane quad L of a[i]: partial sums of x[2i], x[2i+1], x[2i], x[2i+1] over quad L
+    a[i] = _mm512_add_ps(_mm512_unpacklo_ps(x[2 * i], x[2 * i + 1]), _mm512_unpackhi_ps(x[2 * i], x[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {  // quad L of b[i]: partial sums of x[4i .. 4i+3] over quad L
+    const __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(a[2 * i]), _mm512_castps_pd(a[2 * i + 1]));
+    const __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(a[2 * i]), _mm512_castps_pd(a[2 * i + 1]));
+    b[i] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+  }
+  for (int i = 0; i < 2; ++i)  // quads of c[i]: x[8i .. 8i+3] over quads 0+1, 2+3, then x[8i+4 .. 8i+7] likewise
+    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// The scores q . k[t] of `count` <= 16 consecutive K rows (row stride HC) in the lanes of one vector; lanes past
+// `count` are 0 and their rows are never read (they may be past kv_len, NaN). kFull: count is 16 (no per-row test).
+template <typename E, int HC, bool kFull>
+inline __m512 scores16(const float* __restrict q, const E* __restrict k, int64_t count) {
+  constexpr int C = HC / 16;
+  __m512 qv[C];
+  for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
+  __m512 x[16];
+  for (int t = 0; t < 16; ++t) {
+    if (kFull || t < count) {
+      __m512 a = _mm512_mul_ps(qv[0], load16(k + t * HC));
+      for (int c = 1; c < C; ++c) a = _mm512_fmadd_ps(qv[c], load16(k + t * HC + 16 * c), a);
+      x[t] = a;
+    } else {
+      x[t] = _mm512_setzero_ps();
+    }
+  }
+  return sum_lanes16(x);
+}
+
+// acc[r, :HC] += sum over t < count of w[r * w_stride + t] * v[t, :HC] for the RB query heads r of a group: each
+// V row is loaded once for all of them and the RB x HC / 16 accumulators stay in registers. With at most 8 of
+// them, even and odd rows go to two sets so that the FMA latency does not bound the loop.
+template <typename E, int HC, int RB>
+inline void accumulate_heads(float* __restrict acc, const float* __restrict w, int64_t w_stride,
+                             const E* __restrict v, int64_t count) {
+  constexpr int C = HC / 16;
+  constexpr int U = RB * C <= 8 ? 2 : 1;
+  __m512 a[U][RB][C];
+  for (int r = 0; r < RB; ++r)
+    for (int c = 0; c < C; ++c) {
+      a[0][r][c] = _mm512_loadu_ps(acc + r * HC + 16 * c);
+      for (int u = 1; u < U; ++u) a[u][r][c] = _mm512_setzero_ps();
+    }
+  auto row = [&](int u, int64_t t) {
+    __m512 x[C];
+    for (int c = 0; c < C; ++c) x[c] = load16(v + t * HC + 16 * c);
+    for (int r = 0; r < RB; ++r) {
+      const __m512 wt = _mm512_set1_ps(w[r * w_stride + t]);
+      for (int c = 0; c < C; ++c) a[u][r][c] = _mm512_fmadd_ps(wt, x[c], a[u][r][c]);
+    }
+  };
+  int64_t t = 0;
+  for (; t + U <= count; t += U)
+    for (int u = 0; u < U; ++u) row(u, t + u);
+  for (; t < count; ++t) row(0, t);
+  for (int r = 0; r < RB; ++r)
+    for (int c = 0; c < C; ++c) {
+      for (int u = 1; u < U; ++u) a[0][r][c] = _mm512_add_ps(a[0][r][c], a[u][r][c]);
+      _mm512_storeu_ps(acc + r * HC + 16 * c, a[0][r][c]);
+    }
+}
+#endif
+
+// max(x[0 .. n)): g++ keeps an `omp simd` max reduction scalar (a chain of vmaxss), which cost as much as pass 1.
+inline float max_of(const float* __restrict x, int64_t n) {
+#if defined(__AVX512F__)
+  __m512 m = _mm512_set1_ps(-INFINITY);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(x + i));
+  if (i < n) m = _mm512_max_ps(m, _mm512_mask_loadu_ps(m, static_cast<__mmask16>((1u << (n - i)) - 1u), x + i));
+  return _mm512_reduce_max_ps(m);
+#else
+  float m = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+#endif
+}
+
 // Q: the dtype of q and the output; E: the dtype of the K/V pages (a float32 model may keep a bfloat16 cache).
 template <typename Q, typename E, int HC>
 struct Decode {
@@ -35,6 +123,10 @@ void Decode<Q, E, HC>::run(const Problem& p, const Item& it, int64_t kh, Scratch
   const int64_t H = HC > 0 ? HC : p.H;
   const int64_t R = p.R, G = p.G;
   const int64_t n = it.end - it.start;
+#if defined(__AVX512F__)
+  // Scores 16 positions per vector and register-resident accumulators for groups of query heads (below).
+  constexpr bool kVectorRows = HC > 0 && HC % 16 == 0;
+#endif
   scratch.q.resize(R * H);
   scratch.acc.assign(R * H, 0.0f);
   scratch.s.resize(std::max<int64_t>(R * n, 1));
@@ -67,9 +159,7 @@ void Decode<Q, E, HC>::run(const Problem& p, const Item& it, int64_t kh, Scratch
   };
   for (int64_t d = 0; d < kPrefetchPages; ++d) prefetch_page(kbase, it.start / G + d);
 
-  // Pass 1: scores s[r * n + (pos - start)] (soft-capped), and their max per query head.
-  scratch.m.assign(R, -INFINITY);
-  float* __restrict m = scratch.m.data();
+  // Pass 1: scores s[r * n + (pos - start)] (int8 rows times their scale, then soft-capped).
   const float cap = p.soft_cap;
   for (int64_t j = it.start / G; j * G < it.end; ++j) {
     const int64_t lo = std::max<int64_t>(it.start, j * G), hi = std::min<int64_t>(it.end, (j + 1) * G);
@@ -77,24 +167,40 @@ void Decode<Q, E, HC>::run(const Problem& p, const Item& it, int64_t kh, Scratch
     const float* ks = kscale ? kscale + page_of(j) * G : nullptr;
     prefetch_page(kbase, j + kPrefetchPages);
     if (j + kPrefetchPages > last_page) prefetch_page(vbase, it.start / G + j + kPrefetchPages - last_page - 1);
+#if defined(__AVX512F__)
+    if constexpr (kVectorRows) {
+      // 16 positions at a time across the lanes; the R query heads reuse each block of K rows from L1.
+      for (int64_t b = lo; b < hi; b += 16) {
+        const int64_t count = std::min<int64_t>(16, hi - b);
+        const __mmask16 lanes = static_cast<__mmask16>((1u << count) - 1u);
+        const E* krows = kp + (b - j * G) * H;
+        const __m512 row_scale =
+            ks ? _mm512_maskz_loadu_ps(lanes, ks + (b - j * G)) : _mm512_set1_ps(1.0f);
+        for (int64_t r = 0; r < R; ++r) {
+          const __m512 sc = count == 16 ? scores16<E, HC, true>(qs + r * H, krows, 16)
+                                        : scores16<E, HC, false>(qs + r * H, krows, count);
+          const __m512 x = _mm512_mul_ps(sc, row_scale);
+          _mm512_mask_storeu_ps(s + r * n + (b - it.start), lanes, x);
+        }
+      }
+      continue;
+    }
+#endif
     for (int64_t pos = lo; pos < hi; ++pos) {
       const E* __restrict krow = kp + (pos - j * G) * H;
       const float row_scale = ks ? ks[pos - j * G] : 1.0f;
-      for (int64_t r = 0; r < R; ++r) {
-        float x = dot<E, HC>(qs + r * H, krow, H) * row_scale;
-        if (cap > 0.0f) x = cap * std::tanh(x / cap);
-        s[r * n + (pos - it.start)] = x;
-        m[r] = std::max(m[r], x);
-      }
+      for (int64_t r = 0; r < R; ++r) s[r * n + (pos - it.start)] = dot<E, HC>(qs + r * H, krow, H) * row_scale;
     }
   }
+  if (cap > 0.0f)
+    for (int64_t i = 0; i < R * n; ++i) s[i] = cap * std::tanh(s[i] / cap);
 
   // Softmax numerators in place, exact (the whole row of scores is here): no running-max rescales.
   scratch.l.resize(R);
   float* __restrict inv_sum = scratch.l.data();
   for (int64_t r = 0; r < R; ++r) {
     float* __restrict sr = s + r * n;
-    const float mr = m[r];
+    const float mr = max_of(sr, n);
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t i = 0; i < n; ++i) {
@@ -119,6 +225,31 @@ void Decode<Q, E, HC>::run(const Problem& p, const Item& it, int64_t kh, Scratch
     const int64_t lo = std::max<int64_t>(it.start, j * G), hi = std::min<int64_t>(it.end, (j + 1) * G);
     const E* vrows = vbase + (page_of(j) * G + (lo - j * G)) * H;
     prefetch_page(vbase, j + kPrefetchPages);
+#if defined(__AVX512F__)
+    if constexpr (kVectorRows) {
+      // Query heads in groups whose accumulators fit in registers (at most 16 zmm), each V row loaded once a group.
+      constexpr int kMaxGroup = std::max(1, std::min(8, 16 / (HC / 16)));
+      for (int64_t r = 0; r < R;) {
+        const int64_t left = std::min<int64_t>(R - r, kMaxGroup);
+        float* a = acc + r * H;
+        const float* w = s + r * n + (lo - it.start);
+        if (left >= 8) {
+          accumulate_heads<E, HC, (kMaxGroup >= 8 ? 8 : 1)>(a, w, n, vrows, hi - lo);
+          r += kMaxGroup >= 8 ? 8 : 1;
+        } else if (left >= 4) {
+          accumulate_heads<E, HC, 4>(a, w, n, vrows, hi - lo);
+          r += 4;
+        } else if (left >= 2) {
+          accumulate_heads<E, HC, 2>(a, w, n, vrows, hi - lo);
+          r += 2;
+        } else {
+          accumulate_heads<E, HC, 1>(a, w, n, vrows, hi - lo);
+          r += 1;
+        }
+      }
+      continue;
+    }
+#endif
     for (int64_t r = 0; r < R; ++r) {
       accumulate<E, HC>(acc + r * H, s + r * n + (lo - it.start), vrows, hi - lo, H);
     }

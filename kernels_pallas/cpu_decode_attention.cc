@@ -63,32 +63,93 @@ inline __m512 scores16(const float* __restrict q, const E* __restrict k, int64_t
   return sum_lanes16(x);
 }
 
-// acc[r, :HC] += sum over t < count of w[r * w_stride + t] * v[t, :HC] for the RB query heads r of a group: each
-// V row is loaded once for all of them and the RB x HC / 16 accumulators stay in registers. With at most 8 of
-// them, even and odd rows go to two sets so that the FMA latency does not bound the loop.
-template <typename E, int HC, int RB>
+// The scores of query heads over a block of `count` <= 16 consecutive K rows (row stride HC, lanes past `count`
+// 0, their rows never read), with the first two stages of a 16 x 16 transpose done on the K block once for all
+// heads instead of a whole transpose-add tree per head (sum_lanes16: 30 shuffles a head). After them, quad L of
+// u[c][4i + j] holds column 16c + 4L + j of rows 4i .. 4i+3; a head multiplies it by qp[c][j] (quad L: that
+// column of q, 4 times), sums over (c, j) and then over the 4 quads (6 shuffles a head). For R query heads the
+// shuffles per block are 32 HC / 16 + 6 R instead of 30 R.
+template <typename E, int HC>
+struct QuadScores {
+  static constexpr int C = HC / 16;
+  alignas(64) float u[C][16][16];
+
+  // qp [C][4][16] for one head from its q row (scaled): lane 4L + m of qp[c][j] is q[16c + 4L + j].
+  static void permute_q(const float* q, float* qp) {
+    for (int c = 0; c < C; ++c)
+      for (int j = 0; j < 4; ++j)
+        for (int lane = 0; lane < 16; ++lane) qp[(c * 4 + j) * 16 + lane] = q[16 * c + 4 * (lane / 4) + j];
+  }
+
+  void load(const E* __restrict k, int64_t count) {
+    for (int c = 0; c < C; ++c) {
+      __m512 x[16], t[16];
+      for (int r = 0; r < 16; ++r) x[r] = r < count ? load16(k + r * HC + 16 * c) : _mm512_setzero_ps();
+      for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_ps(x[2 * i], x[2 * i + 1]);  // quad L: a0 b0 a1 b1 (columns 4L + 0, 1)
+        t[2 * i + 1] = _mm512_unpackhi_ps(x[2 * i], x[2 * i + 1]);  // a2 b2 a3 b3
+      }
+      for (int i = 0; i < 4; ++i) {
+        const __m512d t0 = _mm512_castps_pd(t[4 * i]), t1 = _mm512_castps_pd(t[4 * i + 1]);
+        const __m512d t2 = _mm512_castps_pd(t[4 * i + 2]), t3 = _mm512_castps_pd(t[4 * i + 3]);
+        _mm512_store_ps(u[c][4 * i], _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2)));  // a0 b0 c0 d0
+        _mm512_store_ps(u[c][4 * i + 1], _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2)));
+        _mm512_store_ps(u[c][4 * i + 2], _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3)));
+        _mm512_store_ps(u[c][4 * i + 3], _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3)));
+      }
+    }
+  }
+
+  // Lane t: the score of row t for the head whose permuted q is qp.
+  __m512 scores(const float* __restrict qp) const {
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int c = 0; c < C; ++c)
+      for (int j = 0; j < 4; ++j) {
+        const __m512 qv = _mm512_load_ps(qp + (c * 4 + j) * 16);
+        for (int i = 0; i < 4; ++i) acc[i] = _mm512_fmadd_ps(_mm512_load_ps(u[c][4 * i + j]), qv, acc[i]);
+      }
+    // acc[i] quad L: rows 4i .. 4i+3 over the columns of quad L; sum the quads and put row 4i + m in lane 4i + m.
+    const __m512 c0 = _mm512_add_ps(_mm512_shuffle_f32x4(acc[0], acc[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm512_shuffle_f32x4(acc[0], acc[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512 c1 = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2], acc[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm512_shuffle_f32x4(acc[2], acc[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(c0, c1, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(c0, c1, _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+};
+
+// acc[r, :HC] += sum over the item's positions t of w[r * w_stride + t] * v[t, :HC] for the RB query heads r of
+// a group, walking pages first_page .. last_page (page(j, v, t0, count): page j's first row used, its position
+// t0 - start, how many rows). Each V row is loaded once for all RB heads and the RB x HC / 16 accumulators stay
+// in registers for the whole context; with at most 8 of them, even and odd rows go to two sets so that the FMA
+// latency does not bound the loop.
+template <typename E, int HC, int RB, typename Page>
 inline void accumulate_heads(float* __restrict acc, const float* __restrict w, int64_t w_stride,
-                             const E* __restrict v, int64_t count) {
+                             int64_t first_page, int64_t last_page, Page page) {
   constexpr int C = HC / 16;
   constexpr int U = RB * C <= 8 ? 2 : 1;
   __m512 a[U][RB][C];
-  for (int r = 0; r < RB; ++r)
-    for (int c = 0; c < C; ++c) {
-      a[0][r][c] = _mm512_loadu_ps(acc + r * HC + 16 * c);
-      for (int u = 1; u < U; ++u) a[u][r][c] = _mm512_setzero_ps();
-    }
-  auto row = [&](int u, int64_t t) {
-    __m512 x[C];
-    for (int c = 0; c < C; ++c) x[c] = load16(v + t * HC + 16 * c);
-    for (int r = 0; r < RB; ++r) {
-      const __m512 wt = _mm512_set1_ps(w[r * w_stride + t]);
-      for (int c = 0; c < C; ++c) a[u][r][c] = _mm512_fmadd_ps(wt, x[c], a[u][r][c]);
-    }
-  };
-  int64_t t = 0;
-  for (; t + U <= count; t += U)
-    for (int u = 0; u < U; ++u) row(u, t + u);
-  for (; t < count; ++t) row(0, t);
+  for (int u = 0; u < U; ++u)
+    for (int r = 0; r < RB; ++r)
+      for (int c = 0; c < C; ++c) a[u][r][c] = _mm512_setzero_ps();
+  for (int64_t j = first_page; j <= last_page; ++j) {
+    const E* v;
+    int64_t t0, count;
+    page(j, v, t0, count);
+    const float* __restrict wj = w + t0;
+    auto row = [&](int u, int64_t t) {
+      __m512 x[C];
+      for (int c = 0; c < C; ++c) x[c] = load16(v + t * HC + 16 * c);
+      for (int r = 0; r < RB; ++r) {
+        const __m512 wt = _mm512_set1_ps(wj[r * w_stride + t]);
+        for (int c = 0; c < C; ++c) a[u][r][c] = _mm512_fmadd_ps(wt, x[c], a[u][r][c]);
+      }
+    };
+    int64_t t = 0;
+    for (; t + U <= count; t += U)
+      for (int u = 0; u < U; ++u) row(u, t + u);
+    for (; t < count; ++t) row(0, t);
+  }
   for (int r = 0; r < RB; ++r)
     for (int c = 0; c < C; ++c) {
       for (int u = 1; u < U; ++u) a[0][r][c] = _mm512_add_ps(a[0][r][c], a[u][r][c]);
@@ -160,6 +221,17 @@ void Decode<Q, E, HC>::run(const Problem& p, const Item& it, int64_t kh, Scratch
   for (int64_t d = 0; d < kPrefetchPages; ++d) prefetch_page(kbase, it.start / G + d);
 
   // Pass 1: scores s[r * n + (pos - start)] (int8 rows times their scale, then soft-capped).
+#if defined(__AVX512F__)
+  // Shared partial transposes of K (QuadScores) when they take fewer shuffles than a tree per head.
+  const bool quad = kVectorRows && 32 * (HC / 16) < 24 * R;
+  QuadScores<E, kVectorRows ? HC : 16> quad_block;
+  float* qp = nullptr;
+  if (quad) {
+    scratch.m.resize(R * H * 4 + 16);  // the permuted q rows, 64-byte aligned
+    qp = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch.m.data()) + 63) & ~uintptr_t{63});
+    for (int64_t r = 0; r < R; ++r) decltype(quad_block)::permute_q(qs + r * H, qp + r * H * 4);
+  }
+#endif
   const float cap = p.soft_cap;
   for (int64_t j = it.start / G; j * G < it.end; ++j) {
     const int64_t lo = std::max<int64_t>(it.start, j * G), hi = std::min<int64_t>(it.end, (j + 1) * G);
@@ -176,6 +248,13 @@ void Decode<Q, E, HC>::run(const Problem& p, const Item& it, int64_t kh, Scratch
         const E* krows = kp + (b - j * G) * H;
         const __m512 row_scale =
             ks ? _mm512_maskz_loadu_ps(lanes, ks + (b - j * G)) : _mm512_set1_ps(1.0f);
+        if (quad) {
+          quad_block.load(krows, count);
+          for (int64_t r = 0; r < R; ++r)
+            _mm512_mask_storeu_ps(s + r * n + (b - it.start), lanes,
+                                  _mm512_mul_ps(quad_block.scores(qp + r * HC * 4), row_scale));
+          continue;
+        }
         for (int64_t r = 0; r < R; ++r) {
           const __m512 sc = count == 16 ? scores16<E, HC, true>(qs + r * H, krows, 16)
                                         : scores16<E, HC, false>(qs + r * H, krows, count);
@@ -220,38 +299,47 @@ void Decode<Q, E, HC>::run(const Problem& p, const Item& it, int64_t kh, Scratch
     }
   }
 
-  // Pass 2: acc[r] += p[r, pos] * v[pos], page by page; a page's rows stay in L1 across the R query heads.
-  for (int64_t j = it.start / G; j * G < it.end; ++j) {
-    const int64_t lo = std::max<int64_t>(it.start, j * G), hi = std::min<int64_t>(it.end, (j + 1) * G);
-    const E* vrows = vbase + (page_of(j) * G + (lo - j * G)) * H;
-    prefetch_page(vbase, j + kPrefetchPages);
+  // Pass 2: acc[r] += p[r, pos] * v[pos].
 #if defined(__AVX512F__)
-    if constexpr (kVectorRows) {
-      // Query heads in groups whose accumulators fit in registers (at most 16 zmm), each V row loaded once a group.
-      constexpr int kMaxGroup = std::max(1, std::min(8, 16 / (HC / 16)));
-      for (int64_t r = 0; r < R;) {
-        const int64_t left = std::min<int64_t>(R - r, kMaxGroup);
-        float* a = acc + r * H;
-        const float* w = s + r * n + (lo - it.start);
-        if (left >= 8) {
-          accumulate_heads<E, HC, (kMaxGroup >= 8 ? 8 : 1)>(a, w, n, vrows, hi - lo);
-          r += kMaxGroup >= 8 ? 8 : 1;
-        } else if (left >= 4) {
-          accumulate_heads<E, HC, 4>(a, w, n, vrows, hi - lo);
-          r += 4;
-        } else if (left >= 2) {
-          accumulate_heads<E, HC, 2>(a, w, n, vrows, hi - lo);
-          r += 2;
-        } else {
-          accumulate_heads<E, HC, 1>(a, w, n, vrows, hi - lo);
-          r += 1;
-        }
+  if constexpr (kVectorRows) {
+    // Query heads in groups whose accumulators fit in registers (at most 16 zmm), each walking all the pages (one
+    // group for R x H <= 256: V is read once).
+    const int64_t first_page = it.start / G;
+    auto page = [&](int64_t j, const E*& v, int64_t& t0, int64_t& count) {
+      const int64_t lo = std::max<int64_t>(it.start, j * G), hi = std::min<int64_t>(it.end, (j + 1) * G);
+      v = vbase + (page_of(j) * G + (lo - j * G)) * H;
+      t0 = lo - it.start;
+      count = hi - lo;
+      prefetch_page(vbase, j + kPrefetchPages);
+    };
+    constexpr int kMaxGroup = std::max(1, std::min(8, 16 / (HC / 16)));
+    for (int64_t r = 0; r < R;) {
+      const int64_t left = std::min<int64_t>(R - r, kMaxGroup);
+      float* a = acc + r * H;
+      const float* w = s + r * n;
+      if (left >= 8) {
+        accumulate_heads<E, HC, (kMaxGroup >= 8 ? 8 : 1)>(a, w, n, first_page, last_page, page);
+        r += kMaxGroup >= 8 ? 8 : 1;
+      } else if (left >= 4) {
+        accumulate_heads<E, HC, 4>(a, w, n, first_page, last_page, page);
+        r += 4;
+      } else if (left >= 2) {
+        accumulate_heads<E, HC, 2>(a, w, n, first_page, last_page, page);
+        r += 2;
+      } else {
+        accumulate_heads<E, HC, 1>(a, w, n, first_page, last_page, page);
+        r += 1;
       }
-      continue;
     }
+  } else
 #endif
-    for (int64_t r = 0; r < R; ++r) {
-      accumulate<E, HC>(acc + r * H, s + r * n + (lo - it.start), vrows, hi - lo, H);
+  {
+    // Page by page; a page's rows stay in L1 across the R query heads.
+    for (int64_t j = it.start / G; j * G < it.end; ++j) {
+      const int64_t lo = std::max<int64_t>(it.start, j * G), hi = std::min<int64_t>(it.end, (j + 1) * G);
+      const E* vrows = vbase + (page_of(j) * G + (lo - j * G)) * H;
+      prefetch_page(vbase, j + kPrefetchPages);
+      for (int64_t r = 0; r < R; ++r) accumulate<E, HC>(acc + r * H, s + r * n + (lo - it.start), vrows, hi - lo, H);
     }
   }
 

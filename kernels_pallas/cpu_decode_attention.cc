@@ -76,9 +76,14 @@ struct QuadScores {
 
   // qp [C][4][16] for one head from its q row (scaled): lane 4L + m of qp[c][j] is q[16c + 4L + j].
   static void permute_q(const float* q, float* qp) {
-    for (int c = 0; c < C; ++c)
-      for (int j = 0; j < 4; ++j)
-        for (int lane = 0; lane < 16; ++lane) qp[(c * 4 + j) * 16 + lane] = q[16 * c + 4 * (lane / 4) + j];
+    for (int c = 0; c < C; ++c) {
+      const __m512 qc = _mm512_loadu_ps(q + 16 * c);
+      for (int j = 0; j < 4; ++j) {
+        const __m512i idx = _mm512_add_epi32(
+            _mm512_set_epi32(12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0), _mm512_set1_epi32(j));
+        _mm512_store_ps(qp + (c * 4 + j) * 16, _mm512_permutexvar_ps(idx, qc));
+      }
+    }
   }
 
   void load(const E* __restrict k, int64_t count) {

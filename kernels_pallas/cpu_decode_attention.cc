@@ -9,10 +9,13 @@
 // up, so NaN in unused pages, rows past kv_len and garbage page-table entries past the used pages never reach an
 // output; page ids are also clamped to [0, P) so a bad table cannot read out of bounds.
 //
-// Vectorisation: plain loops over H (compile-time for the common head dims) that g++ -O3 -march=native turns
-// into AVX-512 (or AVX2) code; reductions are allowed to reassociate by `omp simd` (-fopenmp-simd), and exp is
-// a branch-free polynomial so the softmax vectorises too. bf16 is widened to f32 on load by a 16-bit shift, int8
-// by a sign extension; an int8 row's scale multiplies its score (K) or its softmax weight (V), never the row.
+// Vectorisation: with AVX-512 and a head dim that is a multiple of 16, scores come 16 positions to a vector (a
+// transpose-add tree per head, or partial transposes of K shared by the heads: sum_lanes16, QuadScores) and p . V
+// keeps groups of heads' accumulators in registers across the pages (accumulate_heads); docs/kernels.md has
+// the measurements. Otherwise plain loops over H that g++ -O3 -march=native vectorises, reductions allowed to
+// reassociate by `omp simd` (-fopenmp-simd). exp is a branch-free polynomial so the softmax vectorises too. bf16
+// is widened to f32 on load by a 16-bit shift, int8 by a sign extension; an int8 row's scale multiplies its score
+// (K) or its softmax weight (V), never the row.
 
 #include "cpu_attention_common.h"
 

@@ -107,6 +107,15 @@ def test_decode_page_sizes_window_soft_cap(G, window, soft_cap):
 
 
 @needs_kernel
+@pytest.mark.parametrize("G,window,soft_cap", [(8, 6, None), (16, 21, 3.0), (32, None, 5.0)])
+def test_decode_shared_transpose_scores_window_soft_cap(G, window, soft_cap):
+    """H 32 with R 4 (llama-tiny) scores through partial transposes of K shared by the heads, not per-head trees:
+    partial 16-row blocks from windows, page ends and page sizes other than 16."""
+    args = decode_case(G + 1, K=2, N=8, H=32, G=G)
+    check_kernel(args, window=window, soft_cap=soft_cap)
+
+
+@needs_kernel
 @pytest.mark.parametrize("H", [16, 40, 256])
 def test_other_head_dims(H):
     """256: the widest compiled-in head dim; 40: the generic (runtime H, not a multiple of 16) path."""

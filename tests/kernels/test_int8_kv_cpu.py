@@ -56,7 +56,7 @@ def test_ragged_int8_matches_naive_over_dequantized_pages(decode_impl, prefill_i
 
 
 @needs_kernel
-@pytest.mark.parametrize("H,R", [(64, 4), (32, 1), (40, 2)])  # 40: the generic (runtime H) path
+@pytest.mark.parametrize("H,R", [(64, 4), (32, 1), (32, 4), (40, 2)])  # 40: the generic (runtime H) path
 @pytest.mark.parametrize("q_dtype", [jnp.float32, jnp.bfloat16])
 def test_cpu_decode_kernel_int8(H, R, q_dtype):
     rng = np.random.default_rng(H + R)

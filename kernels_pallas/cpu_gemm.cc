@@ -123,7 +123,7 @@ inline void fold_best(__m512 v0, __m512 v1, __mmask16 m0, __mmask16 m1, int64_t 
 #endif
 
 // y[0..R, 0..cols) = x[0..R, :] @ panel (cols <= kNR: the last panel's real columns), or with kArgmax those sums
-// folded into best[0..R) / best_col[0..R) (rows R apart by `stride`) instead. `next`, if not null: the panel to
+// folded into best[0..R) / best_col[0..R) (one entry per row) instead. `next`, if not null: the panel to
 // prefetch into L2 meanwhile, a k-row per k. `col`: the panel's first column.
 template <int R, bool kArgmax>
 void block(const float* __restrict x, const float* __restrict panel, float* __restrict y, int64_t K, int64_t N,

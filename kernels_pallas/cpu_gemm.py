@@ -69,24 +69,31 @@ def _check(x, w_packed, n: int):
         raise ValueError(f"packed weights have {P} panels, n = {n} needs ceil(n / {NR}) = {num_panels(n)}")
 
 
+def _call(x, w_packed, n: int, num_threads: int | None, valid_rows, argmax: bool):
+    """The FFI call both entry points make: x [..., K] -> [..., n] float32 products, or with `argmax` [...] int32."""
+    x, w_packed = jnp.asarray(x), jnp.asarray(w_packed)
+    _check(x, w_packed, n)
+    if argmax and n == 0:
+        raise ValueError("packed_matmul_argmax needs n >= 1 columns")
+    target = cpu_attention.gemm_target(argmax=argmax)
+    if target is None:
+        raise RuntimeError(f"the CPU packed matmul kernel is unavailable: {unavailable_reason()}")
+    lead, K = x.shape[:-1], x.shape[-1]
+    M = int(np.prod(lead, dtype=np.int64))
+    out = jax.ShapeDtypeStruct((M,), jnp.int32) if argmax else jax.ShapeDtypeStruct((M, n), jnp.float32)
+    threads = cpu_attention.default_num_threads() if num_threads is None else num_threads
+    rows = jnp.full((1,), M, jnp.int32) if valid_rows is None else jnp.asarray(valid_rows, jnp.int32).reshape(1)
+    y = jax.ffi.ffi_call(target, out)(x.reshape(M, K), w_packed, rows, n=np.int64(n), num_threads=np.int32(threads))
+    return y.reshape(lead) if argmax else y.reshape(*lead, n)
+
+
 def packed_matmul(x, w_packed, n: int, num_threads: int | None = None, valid_rows=None):
     """x [..., K] float32 @ the [K, n] matrix packed as w_packed [ceil(n / NR), K, NR] -> [..., n] float32.
     `num_threads` (default: this process's CPUs) caps the threads the kernel uses (1: the calling thread only);
     the result does not depend on it. `valid_rows` (an int32 scalar or [1] array, may be traced): the rows of x
     (flattened over its leading dims) from valid_rows on are padding: their outputs are zeros and cost nothing;
     None: every row is computed. Jittable; CPU backend only. RuntimeError if the kernel is unavailable."""
-    x, w_packed = jnp.asarray(x), jnp.asarray(w_packed)
-    _check(x, w_packed, n)
-    target = cpu_attention.gemm_target()
-    if target is None:
-        raise RuntimeError(f"the CPU packed matmul kernel is unavailable: {unavailable_reason()}")
-    lead, K = x.shape[:-1], x.shape[-1]
-    M = int(np.prod(lead, dtype=np.int64))
-    call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((M, n), jnp.float32))
-    threads = cpu_attention.default_num_threads() if num_threads is None else num_threads
-    rows = jnp.full((1,), M, jnp.int32) if valid_rows is None else jnp.asarray(valid_rows, jnp.int32).reshape(1)
-    y = call(x.reshape(M, K), w_packed, rows, n=np.int64(n), num_threads=np.int32(threads))
-    return y.reshape(*lead, n)
+    return _call(x, w_packed, n, num_threads, valid_rows, argmax=False)
 
 
 def packed_matmul_argmax(x, w_packed, n: int, num_threads: int | None = None, valid_rows=None):
@@ -94,19 +101,7 @@ def packed_matmul_argmax(x, w_packed, n: int, num_threads: int | None = None, va
     [...]. The product's values are packed_matmul's, bit for bit; the pick is jnp.argmax's (the first NaN, else
     the first column of the largest value). Rows from `valid_rows` on get 0. The greedy LM head: it saves
     writing and re-reading the [rows, vocab] logits."""
-    x, w_packed = jnp.asarray(x), jnp.asarray(w_packed)
-    _check(x, w_packed, n)
-    if n == 0:
-        raise ValueError("packed_matmul_argmax needs n >= 1 columns")
-    target = cpu_attention.gemm_target(argmax=True)
-    if target is None:
-        raise RuntimeError(f"the CPU packed matmul kernel is unavailable: {unavailable_reason()}")
-    lead, K = x.shape[:-1], x.shape[-1]
-    M = int(np.prod(lead, dtype=np.int64))
-    call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((M,), jnp.int32))
-    threads = cpu_attention.default_num_threads() if num_threads is None else num_threads
-    rows = jnp.full((1,), M, jnp.int32) if valid_rows is None else jnp.asarray(valid_rows, jnp.int32).reshape(1)
-    return call(x.reshape(M, K), w_packed, rows, n=np.int64(n), num_threads=np.int32(threads)).reshape(lead)
+    return _call(x, w_packed, n, num_threads, valid_rows, argmax=True)
 
 
 def reference_packed_matmul(x, w_packed, n: int, valid_rows=None):

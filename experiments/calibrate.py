@@ -22,6 +22,8 @@ import platform
 
 from absl import app, flags
 
+from cbjax.bench.results import cpu_model
+
 flags.DEFINE_string("model", "llama-tiny", "named model config or checkpoint (as LLMEngine's model=)")
 flags.DEFINE_string("output", None, "profile path (default: configs/profiles/<model>-cpu.json)")
 flags.DEFINE_integer("max_num_seqs", 32, "slots per step")
@@ -58,7 +60,7 @@ def machine() -> dict:
     d = jax.devices()[0]
     return dict(
         platform=platform.platform(),
-        processor=platform.processor() or platform.machine(),
+        processor=cpu_model(),
         cpu_count=os.cpu_count(),
         device=f"{d.platform}:{getattr(d, 'device_kind', '?')}",
         load_average_1_5_15=list(os.getloadavg()),

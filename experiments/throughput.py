@@ -47,9 +47,9 @@ def _record_inputs(runner) -> list:
     """Wrap the runner's device call so the packed input of every step is kept (for the device-only replay)."""
     inputs, run = [], runner._run
 
-    def recording(inp):
-        inputs.append(inp)
-        return run(inp)
+    def recording(inp, verify=False):
+        inputs.append((inp, verify))
+        return run(inp, verify)
 
     runner._run = recording
     return inputs
@@ -61,8 +61,8 @@ def _replay(runner, inputs) -> float:
 
     run = type(runner)._run
     t0 = time.perf_counter()
-    for inp in inputs:
-        tokens = run(runner, inp)
+    for inp, verify in inputs:
+        tokens = run(runner, inp, verify)
     jax.block_until_ready(tokens)
     return time.perf_counter() - t0
 
@@ -70,6 +70,7 @@ def _replay(runner, inputs) -> float:
 def main(argv):
     del argv
     from cbjax import LLM, SamplingParams
+    from cbjax.bench.results import cpu_model
 
     wl = json.loads(pathlib.Path(FLAGS.workload).read_text())
     max_len = max(len(w["prompt_token_ids"]) + w["max_new_tokens"] for w in wl)
@@ -130,6 +131,7 @@ def main(argv):
         "compiles_warmup": compiles_before,
         "compiles_after_warmup": engine.num_compiles - compiles_before,
         **{k: v for k, v in engine.config.__dict__.items() if k in opts or k == "num_pages"},
+        "cpu": cpu_model(),
     }
     if inputs:
         device_only = statistics.median(_replay(engine.runner, inputs) for _ in range(3))

@@ -69,6 +69,7 @@ def test_end_to_end_in_a_subprocess(tmp_path):
     assert manifest["engines"]["time_window"]["config"]["policy"] == "static"
     assert manifest["engines"]["time_window"]["client"] == {"window_s": 0.05, "max_batch": 4}
     assert manifest["device"]["count"] >= 1 and manifest["versions"]["jax"]
+    assert isinstance(manifest["host"]["cpu"], str) and manifest["host"]["cpu"]
     assert manifest["command_line"][1:] == cmd[3:] and manifest["interrupted"] is False
 
     summary = json.loads((folder / "summary.json").read_text())

@@ -85,12 +85,15 @@ class LLM:
     def _run(self, results: dict[str, RequestOutput], total: int, use_tqdm: bool) -> None:
         """Step until the engine is idle, keeping every finished output."""
         engine = self.engine
+        # Only finished outputs are kept: no output object per generated token (vLLM's offline generate asks for
+        # final outputs only too). At 64 running sequences that was ~15% of the host's time per step.
+        streamed, engine.stream_outputs = engine.stream_outputs, False
         bar = None
-        if use_tqdm:
-            from tqdm import tqdm
-
-            bar = tqdm(total=total, initial=len(results), desc="generate", unit="req")
         try:
+            if use_tqdm:
+                from tqdm import tqdm
+
+                bar = tqdm(total=total, initial=len(results), desc="generate", unit="req")
             while engine.has_unfinished_requests():
                 for out in engine.step():
                     if out.finished:
@@ -98,6 +101,7 @@ class LLM:
                         if bar is not None:
                             bar.update(1)
         finally:
+            engine.stream_outputs = streamed
             if bar is not None:
                 bar.close()
 

@@ -30,6 +30,8 @@ import statistics
 
 from absl import app, flags
 
+from cbjax.bench.results import cpu_model
+
 flags.DEFINE_string("profile", None, "cost-model profile (experiments/calibrate.py); not with --recalibrate")
 flags.DEFINE_bool("recalibrate", False, "calibration rounds between the real runs, a profile per case")
 flags.DEFINE_float("calibration_scale", 0.1, "--recalibrate: each round's sweep scale (calibrate's --scale)")
@@ -286,7 +288,7 @@ def main(argv):
     os.makedirs(os.path.dirname(os.path.abspath(FLAGS.output)), exist_ok=True)
     with open(FLAGS.output, "w") as f:
         json.dump(dict(profile=FLAGS.profile, recalibrate=FLAGS.recalibrate, calibration_scale=FLAGS.calibration_scale,
-                       real_repeats=FLAGS.real_repeats,
+                       real_repeats=FLAGS.real_repeats, cpu=cpu_model(),
                        load_average_before=load, load_average_after=list(os.getloadavg()),
                        cases=results), f, indent=1)  # fmt: skip
     print(report(results))

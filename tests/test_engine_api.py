@@ -178,6 +178,35 @@ def test_without_streaming_only_finished_requests_get_outputs(engine):
     assert runs[True] == runs[False] and len(runs[False]) == 5
 
 
+def test_generate_builds_final_outputs_only_and_restores_streaming(engine):
+    """LLM.generate keeps finished outputs only, so it steps without per-token outputs (as the harness does) and
+    puts the engine's stream_outputs back as it found it; the tokens are those of a streaming run."""
+    prompts = [[4 + i] * (2 + 3 * i) for i in range(4)]
+    params = [SamplingParams(max_tokens=2 + i, **GREEDY) for i in range(4)]
+    llm, streamed = LLM.from_engine(engine), []
+    step = engine.step
+
+    def recording_step():
+        streamed.append(engine.stream_outputs)
+        return step()
+
+    engine.step = recording_step
+    try:
+        for before in (True, False):
+            engine.stream_outputs = before
+            outs = llm.generate(prompts, params)
+            assert engine.stream_outputs is before
+            assert [len(o.outputs[0].token_ids) for o in outs] == [2, 3, 4, 5]
+    finally:
+        del engine.step
+        engine.stream_outputs = True
+    assert streamed and not any(streamed)
+    for p, sp, out in zip(prompts, params, outs):
+        engine.add_request("s" + out.request_id, p, sp)
+    final = {o.request_id[1:]: o.outputs[0].token_ids for o in engine.stream() if o.finished}
+    assert final == {o.request_id: o.outputs[0].token_ids for o in outs}
+
+
 def test_metrics_timestamps_are_ordered(engine):
     outs = LLM.from_engine(engine).generate([[5, 6, 7]] * 3, SamplingParams(max_tokens=4, **GREEDY))
     for o in outs:

@@ -67,6 +67,10 @@ class EngineConfig:
     # Schedule and start step n+1 before the results of step n reach the host (its sampled tokens are fed to step
     # n+1 on the device), so host work overlaps the device's. False: one step at a time.
     async_scheduling: bool = True
+    # Up to this many decode steps per dispatch, where that changes no scheduling decision (nothing waits, every
+    # running sequence decodes): the host's work is paid once per block (cbjax/core/multi_step.py, vLLM's option of
+    # the same name). Tokens then reach the host, and stream, a block at a time; 1: one step per dispatch.
+    num_scheduler_steps: int = 1
     # "model": the real model on this machine. "sim": the simulator (cbjax.sim, docs/sim.md): the same scheduler
     # and policies, step times from a cost model, a virtual clock, no weights and no compile.
     runner: str = "model"
@@ -110,6 +114,7 @@ class EngineConfig:
             warmup=check.choice("warmup", self.warmup, (True, False, *WARMUP_MODES)),
             compilation_cache=check.text("compilation_cache ('auto', 'off' or a directory)", self.compilation_cache),
             async_scheduling=check.boolean("async_scheduling", self.async_scheduling),
+            num_scheduler_steps=check.integer("num_scheduler_steps", self.num_scheduler_steps, 1),
             runner=check.choice("runner", self.runner, RUNNERS),
             sim_profile=None if self.sim_profile is None else check.text("sim_profile", self.sim_profile),
             sim_accelerator=check.choice("sim_accelerator", self.sim_accelerator, (None, *ACCELERATORS)),

@@ -36,6 +36,7 @@ flags.DEFINE_string("matmul_dtype", None, "bfloat16: bf16 weights and matmul inp
 flags.DEFINE_string("kv_cache_dtype", "auto", "KV pages: auto | float32 | bfloat16 | int8 (docs/memory.md)")
 flags.DEFINE_string("attention_backend", "auto", "auto | pallas | xla")
 flags.DEFINE_bool("async_scheduling", True, "schedule step n+1 while step n runs")
+flags.DEFINE_integer("num_scheduler_steps", 1, "decode steps per dispatch where nothing waits (core/multi_step.py)")
 flags.DEFINE_integer("tensor_parallel_size", 1, "devices the weights and KV heads are split over (docs/scale.md)")
 flags.DEFINE_integer("data_parallel_size", 1, "engine replicas behind a router (docs/scale.md)")
 flags.DEFINE_integer("repeats", 1, "timed runs on the same engine; wall_s is their median")
@@ -88,6 +89,7 @@ def main(argv):
         kv_cache_dtype=FLAGS.kv_cache_dtype,
         attention_backend=FLAGS.attention_backend,
         async_scheduling=FLAGS.async_scheduling,
+        num_scheduler_steps=FLAGS.num_scheduler_steps,
         tensor_parallel_size=FLAGS.tensor_parallel_size,
         warmup="full",  # every step program built before the timed runs
     )
@@ -126,7 +128,8 @@ def main(argv):
         "wall_s_runs": [round(w, 3) for w in walls],
         "setup_s": round(setup_s, 1),
         "warmup_s": round(engine.warmup_s, 1),
-        "steps": len(steps),
+        "steps": len(steps),  # dispatches: a block of decode steps counts once
+        "decode_blocks": sum(1 for s in steps if s.get("decode_steps", 1) > 1),
         "host_ms_per_step": round(1e3 * statistics.mean(host), 3),
         "device_wait_ms_per_step": round(1e3 * statistics.mean(dev), 3),
         "padding_waste": round(1 - sched / padded, 4),

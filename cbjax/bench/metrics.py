@@ -115,6 +115,9 @@ class StepRecord:
     prefix_queried_tokens: int = 0
     prefix_hit_tokens: int = 0
     replica: int = 0  # data-parallel engines: which replica took the step
+    # > 1: a block of this many decode steps in one dispatch (cbjax/core/multi_step.py); the other fields describe
+    # its first step, and the summary counts it as that many steps of that shape.
+    decode_steps: int = 1
     # Speculative decoding in this step: draft tokens verified and accepted, the sequences that verified drafts,
     # and both counts by draft position (index 0: the first draft of a sequence).
     spec_draft_tokens: int = 0
@@ -210,8 +213,9 @@ def _is_good(r: RequestRecord, slo_s: Mapping[str, float]) -> bool:
 
 
 def step_summary(steps: Sequence[StepRecord]) -> dict[str, float]:
-    """Per-step engine metrics:
-      num_steps; running_mean, waiting_mean (sequences); slot_occupancy_mean = mean of
+    """Per-step engine metrics (a block of N decode steps counts as N steps of its first step's shape):
+      num_steps (model steps), num_dispatches (records); running_mean, waiting_mean (sequences);
+      slot_occupancy_mean = mean of
       num_scheduled_seqs / max_num_seqs; kv_util_mean / kv_util_max of kv_pages_used / kv_pages_total;
       scheduled_tokens_mean; padding_waste = 1 - sum(num_scheduled_tokens) / sum(padded_tokens);
       step_preemptions (sum); host_s, device_s (sums) and host_fraction / device_fraction of host_s + device_s;
@@ -226,24 +230,28 @@ def step_summary(steps: Sequence[StepRecord]) -> dict[str, float]:
     Steps with max_num_seqs == 0 or kv_pages_total == 0 are left out of the corresponding ratio."""
     n = len(steps)
 
-    def mean(xs):
-        return float(np.mean(xs)) if len(xs) else NAN
+    def mean(xs, keep=lambda s: True):
+        weights = [s.decode_steps for s in steps if keep(s)]
+        return float(np.average(xs, weights=weights)) if len(xs) else NAN
 
-    occupancy = [s.num_scheduled_seqs / s.max_num_seqs for s in steps if s.max_num_seqs > 0]
-    kv = [s.kv_pages_used / s.kv_pages_total for s in steps if s.kv_pages_total > 0]
-    padded = sum(s.padded_tokens for s in steps)
+    has_slots, has_pages = (lambda s: s.max_num_seqs > 0), (lambda s: s.kv_pages_total > 0)
+    occupancy = [s.num_scheduled_seqs / s.max_num_seqs for s in steps if has_slots(s)]
+    kv = [s.kv_pages_used / s.kv_pages_total for s in steps if has_pages(s)]
+    padded = sum(s.padded_tokens * s.decode_steps for s in steps)
+    scheduled = sum(s.num_scheduled_tokens * s.decode_steps for s in steps)
     host = float(sum(s.host_s for s in steps))
     device = float(sum(s.device_s for s in steps))
     busy = host + device
     return {
-        "num_steps": n,
+        "num_steps": int(sum(s.decode_steps for s in steps)),
+        "num_dispatches": n,
         "running_mean": mean([s.num_running for s in steps]),
         "waiting_mean": mean([s.num_waiting for s in steps]),
-        "slot_occupancy_mean": mean(occupancy),
-        "kv_util_mean": mean(kv),
+        "slot_occupancy_mean": mean(occupancy, has_slots),
+        "kv_util_mean": mean(kv, has_pages),
         "kv_util_max": float(max(kv)) if kv else NAN,
         "scheduled_tokens_mean": mean([s.num_scheduled_tokens for s in steps]),
-        "padding_waste": 1.0 - sum(s.num_scheduled_tokens for s in steps) / padded if padded > 0 else NAN,
+        "padding_waste": 1.0 - scheduled / padded if padded > 0 else NAN,
         "step_preemptions": int(sum(s.num_preemptions for s in steps)),
         "host_s": host,
         "device_s": device,

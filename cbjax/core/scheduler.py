@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from cbjax.core import speculation
 from cbjax.core.clock import Clock
+from cbjax.core.multi_step import plan_decode_steps
 from cbjax.core.page_pool import PagePool, chain_hashes
 from cbjax.core.policies import make_policy
 from cbjax.core.policy import Policy
@@ -142,6 +143,7 @@ class Scheduler:
         if self.host_pool is not None:
             self.host_pool.free(step.host_frees)
         step.out.num_batched_tokens = self.config.max_num_batched_tokens - step.budget
+        plan_decode_steps(self, step.out)
         return step.out
 
     def _rank(self, running: list[Request], now: float, *, with_running: bool = True) -> Ranking:
@@ -380,50 +382,50 @@ class Scheduler:
         self, out: SchedulerOutput, sampled: Sequence[int], eos_token_id: int | None, now: float
     ) -> list[Request]:
         """The results of step `out` reached the host: each sampled token replaces its pending placeholder, newly
-        full pages go to the prefix cache, stopped requests finish. Returns the requests that got a token.
+        full pages go to the prefix cache, stopped requests finish. Returns the requests that got a token. A block
+        of steps (multi_step.py) gives a row of tokens per step (`sampled` [num_steps, seqs]), received in order.
 
         With asynchronous scheduling the next step is already scheduled (and running) when this is called, so a
         request may have been preempted since (it still receives its token) or have a newer pending token (dropped
         if this one stops it)."""
         changed = []
         caching, G, max_len = self.pool.enable_caching, self.config.page_size, self.config.max_model_len
-        for seq, token in zip(out.seqs, sampled):
-            req = seq.request
-            if req.status is _FINISHED:
-                continue  # aborted, or stopped while this step ran
-            if seq.draft_token_ids:
-                changed += [req] * speculation.receive_verified(self, req, seq, token, eos_token_id, now)
-                continue
-            if seq.samples_token:
-                i = req.receive_token(int(token))
-                m = req.metrics
-                if m.first_token_time is None:
-                    m.first_token_time = now
-                m.token_times.append(now)
-                changed.append(req)
-            if caching and req.status is _RUNNING and req.num_computed_tokens // G > req.num_registered_pages:
-                self._register_full_pages(req)
-            if seq.samples_token:
-                reason = req.stop_reason(i, eos_token_id, max_len)
-                if reason is not None:
-                    req.drop_outputs_after(i)
-                    (self.running if req.status is RequestStatus.RUNNING else self.waiting).remove(req)
-                    self._finish(req, reason, now)
+        for step, row in enumerate(sampled) if out.num_steps > 1 else ((0, sampled),):
+            for seq, token in zip(out.seqs, row):
+                req = seq.request
+                if req.status is _FINISHED or step >= seq.num_steps:
+                    continue  # aborted, or stopped while this step ran; or done with the block's steps
+                if seq.draft_token_ids:
+                    changed += [req] * speculation.receive_verified(self, req, seq, token, eos_token_id, now)
+                    continue
+                if seq.samples_token:
+                    i = req.receive_token(int(token))
+                    m = req.metrics
+                    if m.first_token_time is None:
+                        m.first_token_time = now
+                    m.token_times.append(now)
+                    changed.append(req)
+                if caching and req.status is _RUNNING and req.num_computed_tokens // G > req.num_registered_pages:
+                    self._register_full_pages(req)
+                if seq.samples_token:
+                    reason = req.stop_reason(i, eos_token_id, max_len)
+                    if reason is not None:
+                        req.drop_outputs_after(i)
+                        (self.running if req.status is RequestStatus.RUNNING else self.waiting).remove(req)
+                        self._finish(req, reason, now)
         return changed
 
     def _register_full_pages(self, req: Request) -> None:
-        """Offer the pages whose every token now has its KV computed to the prefix cache."""
+        """Offer the pages whose every token now has its KV computed to the prefix cache (and is known: pending
+        tokens, of a block of steps or of a step already scheduled, cannot be hashed yet)."""
         G = self.config.page_size
-        full = req.num_computed_tokens // G
+        full = min(req.num_computed_tokens, len(req.all_token_ids) - req.num_pending_tokens) // G
         if full > req.num_registered_pages:
             chain_hashes(req.all_token_ids, G, req.page_hashes, upto=full * G)
             # Pages already dropped (outside a sliding window) are gone: nothing to offer.
             for i in range(max(req.num_registered_pages, req.num_dropped_pages), full):
                 self.pool.register(req.pages[i - req.num_dropped_pages], req.page_hashes[i])
             req.num_registered_pages = full
-
-    def _stop_reason(self, req: Request, i: int, eos_token_id: int | None) -> FinishReason | None:
-        return req.stop_reason(i, eos_token_id, self.config.max_model_len)
 
     def _drop_outside_window(self, req: Request) -> None:
         """Free the request's leading pages that hold only positions its next queries cannot read (the next query

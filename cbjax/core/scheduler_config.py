@@ -25,9 +25,12 @@ class SchedulerConfig:
     # pages_for(sliding_window + new tokens - 1) + 1 pages held while it computes a chunk).
     sliding_window: int | None = None
     evict_outside_window: bool = True
+    # Up to this many decode steps per dispatch where that changes no scheduling decision (core/multi_step.py).
+    num_scheduler_steps: int = 1
 
     def __post_init__(self):
-        for name in ("max_num_seqs", "max_num_batched_tokens", "page_size", "num_pages", "max_model_len"):
+        sizes = ("max_num_seqs", "max_num_batched_tokens", "page_size", "num_pages", "max_model_len")
+        for name in (*sizes, "num_scheduler_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.preemption_mode not in ("recompute", "swap"):

@@ -17,6 +17,8 @@ class ScheduledSeq:
     # Speculation: draft tokens computed after the context's last token (counted in num_new_tokens). The step
     # verifies them and returns the accepted ones followed by one sampled token (cbjax/runner/verify.py).
     draft_token_ids: list[int] | tuple = ()
+    # Multi-step decoding (cbjax/core/multi_step.py): this decode runs this many of the block's steps, one token each.
+    num_steps: int = 1
 
 
 @dataclasses.dataclass(slots=True)
@@ -30,6 +32,9 @@ class SchedulerOutput:
     # KV pages to copy before the step runs, swap-outs first: (device page, host page) and (host page, device page).
     swap_out: list[tuple[int, int]] = dataclasses.field(default_factory=list)
     swap_in: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    # > 1: a block of decode steps run in one dispatch (cbjax/core/multi_step.py); the runner returns a row of
+    # tokens per step, and the first step is what `seqs` and `num_batched_tokens` describe.
+    num_steps: int = 1
 
     @property
     def is_empty(self) -> bool:

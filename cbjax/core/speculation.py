@@ -54,7 +54,7 @@ def receive_verified(
             req.num_computed_tokens += 1  # the token before this one was an accepted draft: its KV is in place
             i += 1
         m.token_times.append(now)
-        reason = sched._stop_reason(req, i, eos_token_id)
+        reason = req.stop_reason(i, eos_token_id, sched.config.max_model_len)
         if reason is not None:
             req.drop_outputs_after(i)
             sched.running.remove(req)

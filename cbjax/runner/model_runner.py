@@ -1,6 +1,5 @@
 """ModelRunner: owns the parameters and the paged KV cache on device and runs one jitted step per call."""
 
-import dataclasses
 import functools
 import time
 
@@ -15,32 +14,25 @@ from cbjax.model.llama import AttentionMetadata, Llama, kv_cache_arrays
 from cbjax.model.llama import kv_cache_dtype as kv_cache_dtype_of
 from cbjax.runner import kv_swap, sharding
 from cbjax.runner.compile_counter import CompileCounter
+from cbjax.runner.decode_loop import decode_block
 from cbjax.runner.draft_proposals import propose_drafts, row_draft_probs, with_drafts
 from cbjax.runner.draft_runner import DraftRunner
+from cbjax.runner.head_sample import HEAD_ROWS, head_and_sample  # noqa: F401 (HEAD_ROWS: profile_step)
 from cbjax.runner.program_cache import ProgramCache
-from cbjax.runner.sampler import sample
 from cbjax.runner.static_arg import intern
 from cbjax.runner.step_handle import StepHandle
 from cbjax.runner.step_input import BucketTable, StepInput, empty_step_input, pack_step
 from cbjax.runner.step_programs import StepPrograms
-from cbjax.runner.verify import head_and_verify
+from cbjax.runner.verify import Speculation, head_and_verify
 from cbjax.runner.verify_rows import verified_tokens
 from kernels_pallas.xla_attention import resolve_cpu_impls
 
 WARMUP_MODES = ("full", "background", "none")
 
 
-@dataclasses.dataclass(frozen=True)
-class Speculation:
-    """Static: the step verifies up to `max_drafts` drafts per sequence with acceptance `rule` (acceptance.py)."""
-
-    max_drafts: int
-    rule: object
-
-
 @functools.partial(
     jax.jit,
-    static_argnames=("graphdef", "backend", "interpret", "mesh", "speculation", "draft_graphdef"),
+    static_argnames=("graphdef", "backend", "interpret", "mesh", "speculation", "draft_graphdef", "decode_steps"),
     donate_argnames=("kv_caches", "draft_kv"),
 )
 def _step(
@@ -57,12 +49,15 @@ def _step(
     mesh=None,
     speculation=None,
     draft_graphdef=None,
+    decode_steps: int = 1,
 ):
     """params: the model state's leaves; graphdef: interned (GraphDef, state treedef); prev_tokens: the previous
     step's sampled tokens [max_num_seqs], still on the device. Returns this step's, padded the same way.
     With `speculation`: tokens are [max_num_seqs, K + 2] per slot (cbjax/runner/verify.py); column 0 feeds the
     pending tokens of the next step. With a draft model too (`draft_graphdef`, its params and KV): the drafts are
-    proposed here first (draft_proposals.py) and the draft's KV comes back as a third output."""
+    proposed here first (draft_proposals.py) and the draft's KV comes back as a third output. With
+    `decode_steps` > 1: a block of that many decode steps (decode_loop.py); its tokens are
+    ([decode_steps, max_num_seqs], the last step's [max_num_seqs])."""
     module_def, treedef = graphdef.value
     model = nnx.merge(module_def, jax.tree.unflatten(treedef, params))
     token_ids = jnp.where(inp.token_src >= 0, prev_tokens[jnp.maximum(inp.token_src, 0)], inp.token_ids)
@@ -76,42 +71,23 @@ def _step(
         )
         token_ids = with_drafts(token_ids, inp, drafts)
         draft_probs = functools.partial(row_draft_probs, inp, probs)
+    if decode_steps > 1:
+        run = lambda ids, positions, kv, md: model(ids, positions, kv, md, backend, interpret, mesh)
+        tokens, kv_caches = decode_block(model, kv_caches, inp, token_ids, decode_steps, prev_tokens.shape[0], run)
+        tokens = (tokens, tokens[-1])  # (a slot with fewer steps has its final token pending: nothing reads it)
+        if mesh is not None:
+            tokens = jax.lax.with_sharding_constraint(tokens, NamedSharding(mesh, PartitionSpec()))
+        return tokens, kv_caches
     md = AttentionMetadata(inp.slot_mapping, inp.kv_lens, inp.page_indices, inp.cu_q_lens, inp.num_seqs)
     hidden, kv_caches = model(token_ids, inp.positions, kv_caches, md, backend, interpret, mesh)
     if speculation is None:
-        tokens = _head_and_sample(model, hidden, inp)
+        tokens = head_and_sample(model, hidden, inp)
     else:
         tokens = head_and_verify(model, hidden, inp, token_ids, speculation.rule, speculation.max_drafts, draft_probs)
     tokens = jnp.zeros((prev_tokens.shape[0], *tokens.shape[1:]), jnp.int32).at[: tokens.shape[0]].set(tokens)
     if mesh is not None:  # every device (and every process) holds all of them: the host reads its own copy
         tokens = jax.lax.with_sharding_constraint(tokens, NamedSharding(mesh, PartitionSpec()))
     return (tokens, kv_caches) if draft_graphdef is None else (tokens, kv_caches, draft_kv)
-
-
-# A step's S slots follow its token bucket (S = min(T, max_num_seqs)), but a big prefill step holds few sequences:
-# the LM head over all S rows cost ~100 ms of a 450 ms llama-small prefill step. When the live sequences fit in
-# the first HEAD_ROWS rows, only those rows go through the head and the sampler (rows past num_seqs are padding).
-HEAD_ROWS = 32
-
-
-def _head_and_sample(model, hidden, inp: StepInput):
-    """Tokens [S] for the step's S slots: the LM head only on each sequence's last token ([S, V], not [T, V])."""
-
-    def head_and_sample(rows: int):
-        h = hidden[inp.sample_idx[:rows]]  # rows past num_seqs: padding (temperature 0)
-        params = [x[:rows] for x in (inp.temperature, inp.top_k, inp.top_p, inp.seeds, inp.counters)]
-        full = lambda: sample(model.logits(h, valid_rows=inp.num_seqs), *params)
-        if not model.fuses_greedy_head:
-            return full()
-        # An all-greedy step skips the [rows, V] logits: the LM head's argmax, fused (the same values, the same
-        # pick as the sampler's greedy argmax).
-        return jax.lax.cond(jnp.all(params[0] == 0), lambda: model.greedy_tokens(h, inp.num_seqs), full)
-
-    S = inp.sample_idx.shape[0]
-    if S <= HEAD_ROWS:
-        return head_and_sample(S)
-    few = lambda: jnp.zeros((S,), jnp.int32).at[:HEAD_ROWS].set(head_and_sample(HEAD_ROWS))
-    return jax.lax.cond(inp.num_seqs[0] <= HEAD_ROWS, few, lambda: head_and_sample(S))
 
 
 class ModelRunner:
@@ -142,11 +118,13 @@ class ModelRunner:
         kv_cache_dtype: str = "auto",
         acceptance=None,
         draft_model: Llama | None = None,
+        num_scheduler_steps: int = 1,
     ):
         """`kv_cache_dtype`: the KV pages' dtype ("auto": the model's; "int8": kernels_pallas/kv_quant.py).
         `acceptance`: the rule verifying drafts (cbjax/runner/acceptance.py) when buckets.max_draft_tokens > 0.
         `draft_model`: drafts come from this model, proposed on the device in each verifying step
-        (draft_runner.py, draft_proposals.py); None: from the scheduler's proposer (n-gram)."""
+        (draft_runner.py, draft_proposals.py); None: from the scheduler's proposer (n-gram).
+        `num_scheduler_steps` > 1: a third program family runs blocks of that many decode steps (decode_loop.py)."""
         cfg = model.cfg
         # The device this runner's parameters, KV pages and programs live on (None: jax's default). Replicas of a
         # data-parallel engine each get their own. Or a ("data", "model") mesh: tensor parallelism (sharding.py).
@@ -241,12 +219,16 @@ class ModelRunner:
         # Speculation: a second program per bucket for the steps that verify drafts; a step without drafts (k = 0
         # from an adaptive rule, or no proposal) runs the plain program and costs what it costs without speculation.
         self.verify_programs = None
+        family = lambda buckets, **kind: StepPrograms(
+            buckets, *(functools.partial(f, **kind) for f in (self._build_program, self._program_key)), self.compiles
+        )
         if self.speculation is not None:
-            build, key = (
-                functools.partial(self._build_program, verify=True),
-                functools.partial(self._program_key, verify=True),
-            )
-            self.verify_programs = StepPrograms(buckets.token_buckets, build, key, self.compiles)
+            self.verify_programs = family(buckets.token_buckets, verify=True)
+        # Blocks of decode steps (the scheduler plans none with speculation): a program per bucket of decodes only.
+        self.block_programs, self.decode_steps = None, num_scheduler_steps
+        if num_scheduler_steps > 1 and not K:
+            top = buckets.token_bucket(min(buckets.max_num_seqs, buckets.token_buckets[-1]))
+            self.block_programs = family([n for n in buckets.token_buckets if n <= top], steps=num_scheduler_steps)
         # Compiled step programs saved on disk for the next process (None: off).
         # (Not for a runner on another device than the default: a serialized program keeps its device assignment.)
         on_default = mesh is None and (device is None or device == jax.devices()[0])
@@ -264,7 +246,11 @@ class ModelRunner:
         return self.compiles.num_compiles
 
     def _run(self, inp: StepInput, verify: bool = False):
-        program = (self.verify_programs if verify else self.programs).get(inp.token_ids.shape[0])
+        """Run the step program of `inp`'s kind and bucket; its tokens stay on the device."""
+        block = inp.decode_steps is not None
+        program = (self.verify_programs if verify else self.block_programs if block else self.programs).get(
+            inp.token_ids.shape[0]
+        )
         if self._global_inputs:
             replicated = NamedSharding(self.mesh, PartitionSpec())
             inp = jax.tree.map(lambda a: sharding.put_global(a, replicated), inp)
@@ -277,7 +263,7 @@ class ModelRunner:
             tokens, self.kv_caches = program(self.params, self.kv_caches, inp, self._prev_tokens)
         return tokens
 
-    def _program_key(self, T: int, verify: bool = False) -> tuple:
+    def _program_key(self, T: int, verify: bool = False, steps: int = 1) -> tuple:
         b = self.buckets
         shapes = tuple((a.shape, a.dtype) for a in jax.tree.leaves(self._avals))
         # The xla backend's decode and prefill rows run the C++ kernel or the XLA loop (chosen at trace time, see
@@ -295,32 +281,36 @@ class ModelRunner:
             b.slots(T),
             b.pages_per_seq,
             b.max_num_seqs,
+            steps,
             self.speculation if verify else None,
             self.draft.key() if verify and self.draft is not None else None,
         )
 
-    def _padding_input(self, T: int, verify: bool = False) -> StepInput:
+    def _padding_input(self, T: int, verify: bool = False, steps: int = 1) -> StepInput:
         b = self.buckets
         rows = b.verify_rows(T) if verify else 0
-        return empty_step_input(T, b.slots(T), b.pages_per_seq, self.pad_page, self.page_size, rows)
+        inp = empty_step_input(T, b.slots(T), b.pages_per_seq, self.pad_page, self.page_size, rows)
+        return inp if steps == 1 else inp._replace(decode_steps=np.zeros(b.slots(T), np.int32))
 
-    def _build_program(self, T: int, verify: bool = False):
+    def _build_program(self, T: int, verify: bool = False, steps: int = 1):
         """The step for token bucket T: loaded from the program cache, else traced, lowered and compiled."""
         b = self.buckets
-        inp = self._padding_input(T, verify)
+        inp = self._padding_input(T, verify, steps)
         params, kv_caches = self._avals
         placed = self.device is not None or self.mesh is not None
         prev = jax.ShapeDtypeStruct(
             (b.max_num_seqs,), jnp.int32, sharding=self._prev_tokens.sharding if placed else None
         )
         args, outs = (params, kv_caches, inp, prev), (prev, kv_caches)
+        if steps > 1:  # a block of decode steps: every step's tokens, and the last step's
+            outs = ((jax.ShapeDtypeStruct((steps, b.max_num_seqs), jnp.int32), prev), kv_caches)
         drafting = verify and self.draft is not None
         if drafting:  # the draft's params and KV follow (see _step)
             args, outs = args + self.draft.avals, outs + (self.draft.avals[1],)
         trees = jax.tree.structure((args, {})), jax.tree.structure(outs)
         # (The draft's part of the key holds its interned graphdef, whose repr is not stable across processes.)
         draft = (repr(self.draft.cfg), self.draft.key()[1]) if drafting else None
-        description = ("step", repr(self.cfg), self._program_key(T, verify)[1:-1], draft)
+        description = ("step", repr(self.cfg), self._program_key(T, verify, steps)[1:-1], draft)
         if self.program_cache is not None:
             program = self.program_cache.load(description, *trees, device=self.device)
             if program is not None:
@@ -334,6 +324,7 @@ class ModelRunner:
             mesh=self.mesh,
             speculation=self.speculation if verify else None,
             draft_graphdef=self.draft.graphdef if drafting else None,
+            decode_steps=steps,
         )
         fresh = CompileCounter()
         with fresh.counting():
@@ -370,9 +361,11 @@ class ModelRunner:
         engine's first step in experiments/sim_fidelity.py: 88 ms against 20, docs/sim.md): a full warmup,
         and wait_for_programs, pay that here rather than in the first served steps (a timed run's, a simulator
         calibration's). Call it between steps, from the thread that dispatches them."""
-        for verify, programs in ((False, self.programs), (True, self.verify_programs)):
+        kinds = ((self.programs, False, 1), (self.verify_programs, True, 1), (self.block_programs, False, 0))
+        for programs, verify, steps in kinds:
             if programs is not None:
-                run = lambda T, verify=verify: jax.block_until_ready(self._run(self._padding_input(T, verify), verify))
+                steps = steps or self.decode_steps
+                run = lambda T, v=verify, n=steps: jax.block_until_ready(self._run(self._padding_input(T, v, n), v))
                 programs.prime(run)
 
     def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> tuple[float, int, int]:
@@ -410,8 +403,11 @@ class ModelRunner:
             inp, handle.order = pack_step(out, self.buckets, self.pad_page, self._prev_slot_of, verify)
             handle.tokens = self._run(inp, verify)
             # A verifying step is received before the next is scheduled (the engine waits for it), so the next
-            # step has no pending token to read from it.
-            self._prev_tokens = self._no_pending if verify else handle.tokens
+            # step has no pending token to read from it. A block's next step reads its last step's tokens.
+            if out.num_steps > 1:
+                handle.tokens, self._prev_tokens = handle.tokens
+            else:
+                self._prev_tokens = self._no_pending if verify else handle.tokens
             handle.padded_tokens = inp.token_ids.shape[0]
             seqs = out.seqs
             self._prev_slot_of = {seqs[j].request: i for i, j in enumerate(handle.order) if seqs[j].samples_token}
@@ -420,7 +416,7 @@ class ModelRunner:
 
     def fetch(self, handle: StepHandle) -> np.ndarray:
         """Wait for a dispatched step; returns one sampled token per scheduled sequence, in out.seqs order (ignored
-        where it does not sample)."""
+        where it does not sample); for a block of decode steps, a row of them per step."""
         if handle.tokens is None:
             return np.empty(0, np.int32)
         t0 = time.perf_counter()
@@ -428,14 +424,20 @@ class ModelRunner:
         handle.wait_s = time.perf_counter() - t0
         if handle.verified:
             return verified_tokens(handle.out.seqs, handle.order, host_tokens)
-        result = np.empty(len(handle.order), np.int32)
-        result[handle.order] = host_tokens[: len(handle.order)]
+        n = len(handle.order)
+        if host_tokens.ndim == 2:  # a block of decode steps: a row per step
+            result = np.empty((host_tokens.shape[0], n), np.int32)
+            result[:, handle.order] = host_tokens[:, :n]
+            return result
+        result = np.empty(n, np.int32)
+        result[handle.order] = host_tokens[:n]
         return result
 
     @property
     def _program_families(self) -> list[StepPrograms]:
-        families = [self.programs] + ([self.verify_programs] if self.verify_programs is not None else [])
-        return families + ([self.draft.prefill_programs] if self.draft is not None else [])
+        families = [self.programs, self.verify_programs, self.block_programs]
+        families += [self.draft.prefill_programs] if self.draft is not None else []
+        return [f for f in families if f is not None]
 
     def wait_for_programs(self) -> None:
         """Until every step program (of every family) is built, then `prime` them."""

@@ -35,6 +35,8 @@ class StepInput(typing.NamedTuple):
     seeds: np.ndarray  # [S] uint32
     counters: np.ndarray  # [S] int32: index of the token each slot samples
     verify: VerifyRows | None = None  # speculative decoding: the rows whose logits verify drafts (verify_rows.py)
+    # A block of decode steps (cbjax/runner/decode_loop.py): [S] int32, how many of the block's steps each slot runs.
+    decode_steps: np.ndarray | None = None
 
 
 def token_buckets(lo: int, hi: int) -> list[int]:
@@ -172,6 +174,10 @@ def pack_step(
     inp.top_p[:n] = [p.top_p for p in params]
     if n:
         inp.seeds[:n], inp.counters[:n] = zip(*counters)
+    if out.num_steps > 1:  # a block of decode steps (decode_loop.py): how many each slot runs
+        steps = np.zeros(buckets.slots(T), np.int32)
+        steps[:n] = [seqs[j].num_steps for j in order]
+        inp = inp._replace(decode_steps=steps)
     if verify:  # a speculative step (verify_rows.py)
         verify = pack_verify_rows(buckets.verify_rows(T), buckets.slots(T), cu, drafts, inp.counters[:n], inp.token_ids)
         inp = inp._replace(verify=verify)

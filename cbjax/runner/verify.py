@@ -4,6 +4,7 @@ Output per slot: [K + 2] int32 = the accepted drafts, then one sampled token, th
 the number of valid tokens (accepted + 1). A slot without drafts gets its one sampled token (count 1).
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -14,6 +15,14 @@ from cbjax.runner.acceptance import first_rejection
 # The LM head runs on the first `tier` rows, the smallest tier that holds the step's live rows (one compiled program
 # per token bucket, the tiers are branches inside it): a decode step of a few sequences does not pay for R rows.
 ROW_TIERS = (32, 128)
+
+
+@dataclasses.dataclass(frozen=True)
+class Speculation:
+    """Static: the step verifies up to `max_drafts` drafts per sequence with acceptance `rule` (acceptance.py)."""
+
+    max_drafts: int
+    rule: object
 
 
 def head_and_verify(model, hidden, inp, token_ids, rule, max_drafts: int, draft_probs=None):

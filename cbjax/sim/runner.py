@@ -104,9 +104,22 @@ class SimRunner:
             base = self._base[request_id] = zlib.crc32(request_id.encode())
         return self._ids[(base + 7919 * index) % len(self._ids)]
 
+    def _block_tokens(self, out: SchedulerOutput) -> list[list[int]]:
+        """A block of decode steps (cbjax/core/multi_step.py): a row of tokens per step; a sequence's k pending
+        placeholders, just appended, are its outputs in steps 0..k-1 (0 past them)."""
+        rows = [[0] * len(out.seqs) for _ in range(out.num_steps)]
+        for j, s in enumerate(out.seqs):
+            req = s.request
+            first = len(req.output_token_ids) - s.num_steps
+            for i in range(s.num_steps):
+                rows[i][j] = self._token(req.request_id, first + i)
+        return rows
+
     def _tokens(self, out: SchedulerOutput) -> list[int]:
         """`_token` of each sequence's sampled output (0 where it samples none). This runs once per generated token,
         so the common case (no `stop_after`, the request's base known) is `_token`'s formula inline, no call."""
+        if out.num_steps > 1:
+            return self._block_tokens(out)
         token, ids, base_of, inline = self._token, self._ids, self._base, not self.stop_after
         tokens = []
         for s in out.seqs:
@@ -126,7 +139,8 @@ class SimRunner:
         _, out_bytes, in_bytes = self.swap(out.swap_out, out.swap_in)
         features = step_features(out, padded, self.kv_bytes_per_page)
         tokens = self._tokens(out)
-        cost = self.cost_model.step_time(features)
+        # A block of N decode steps costs N times its first step (its contexts grow by at most N - 1 tokens).
+        cost = self.cost_model.step_time(features) * out.num_steps
         handle = SimStepHandle(out, tokens, features, cost, padded, out_bytes, in_bytes)
         self.last_step = handle
         return handle

@@ -1,5 +1,6 @@
 """Tests for cbjax.bench.metrics, on small cases whose expected numbers are worked out by hand in the comments."""
 
+import dataclasses
 import json
 import math
 
@@ -148,6 +149,16 @@ def test_step_metrics_by_hand():
     assert (s["host_s"], s["device_s"], s["host_fraction"], s["device_fraction"]) == pytest.approx((1.0, 1.0, 0.5, 0.5))
     assert (s["compiles"], s["compiles_after_first_step"]) == (3, 1)
     assert summarize(records(), steps())["padding_waste"] == s["padding_waste"]
+
+
+def test_a_block_of_decode_steps_counts_as_that_many_steps():
+    """The third step as a block of 4 (num_scheduler_steps): weights 1, 1, 4 over 6 steps in 3 dispatches."""
+    block = [*steps()[:2], dataclasses.replace(steps()[2], decode_steps=4)]
+    s = step_summary(block)
+    assert (s["num_steps"], s["num_dispatches"]) == (6, 3)
+    assert s["slot_occupancy_mean"] == pytest.approx((2 + 4 + 4 * 3) / 8 / 6)
+    assert s["running_mean"] == pytest.approx((2 + 4 + 4 * 3) / 6)
+    assert s["padding_waste"] == pytest.approx(1 - (100 + 4 + 4 * 3) / (128 + 16 + 4 * 16))
 
 
 def test_empty_inputs_do_not_crash_and_serialise():

@@ -80,4 +80,21 @@ class FakeRunner:
             ctx = tuple(self.kv.get((r.pages[p // G], p % G)) for p in range(n))
             tokens.append(next_token(ctx, self.vocab_size) if None not in ctx else -2)
         self.last_sampled = {seq.request.request_id: t for seq, t in zip(out.seqs, tokens) if seq.samples_token}
-        return tokens
+        if out.num_steps == 1:
+            return tokens
+        rows = [tokens]  # a block of decode steps (cbjax/core/multi_step.py): each further step as the device runs it
+        for i in range(1, out.num_steps):
+            row = []
+            for seq, prev in zip(out.seqs, rows[-1]):
+                if i >= seq.num_steps:
+                    row.append(-3)  # past its steps: never read
+                    continue
+                r, pos = seq.request, seq.num_computed_tokens + i
+                page = r.pages[pos // G]
+                assert self.sched.pool.refcount(page) == 1, f"{r.request_id} writes into shared page {page}"
+                self.kv[page, pos % G] = (prev, pos)
+                ctx = tuple(self.kv.get((r.pages[p // G], p % G)) for p in range(pos + 1))
+                row.append(next_token(ctx, self.vocab_size) if None not in ctx else -2)
+                self.last_sampled[r.request_id] = row[-1]
+            rows.append(row)
+        return rows

@@ -50,6 +50,7 @@ def cases(draw):
         preemption_mode=mode,
         num_host_pages=draw(st.integers(0, 3 * num_pages)) if mode == "swap" else 0,
         enable_prefix_caching=draw(st.booleans()),
+        num_scheduler_steps=draw(st.sampled_from([1, 1, 2, 4])),  # blocks of decode steps (core/multi_step.py)
     )
     options = {"victim": draw(st.sampled_from(sorted(VICTIMS)))}
     if policy == "sarathi":

@@ -56,6 +56,26 @@ def test_eos_where_the_workload_says():
     assert len(done["b"].token_ids) == 3 and done["b"].finish_reason == "stop"
 
 
+def test_blocks_of_decode_steps_on_the_simulator():
+    """num_scheduler_steps: the same tokens (the simulator's are a function of the index), fewer dispatches, a block
+    of N steps costing N steps; a request's EOS inside a block ends it there."""
+    done = {}
+    for steps in (1, 4):
+        engine = LLMEngine("llama-tiny", cost_model=FixedCost(0.01), **{**OPTS, "num_scheduler_steps": steps})
+        engine.runner.stop_after["b"] = 6
+        for rid in ("a", "b", "c"):
+            engine.add_request(rid, [7] * 10, SamplingParams(max_tokens=21))
+        done[steps] = {o.request_id: o.outputs[0].token_ids for o in engine.stream() if o.finished}
+        records = engine.step_records
+        if steps == 4:
+            assert any(r["decode_steps"] == 4 for r in records)
+            assert len(records) < 21
+        # Every output token costs one step of the clock whether or not it came in a block (async: the first step
+        # is scheduled at 0 and the steps run back to back).
+        assert engine.clock.now() == pytest.approx(0.01 * sum(r["decode_steps"] for r in records))
+    assert done[1] == done[4] and len(done[4]["b"]) == 6 and len(done[4]["a"]) == 21
+
+
 def test_the_roofline_sizes_the_kv_pool_from_the_accelerators_memory():
     engine = LLMEngine("llama-7b", runner="sim", sim_accelerator="h200", max_model_len=4096)
     expected = RooflineCost.for_model(engine.model_config, "h200").kv_pages(16)

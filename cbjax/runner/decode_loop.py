@@ -1,0 +1,42 @@
+"""A block of decode steps in one program: the device runs the model N times, feeding each step's sampled tokens to
+the next, so the host schedules, packs, launches and receives once per N steps (cbjax/core/multi_step.py says
+when the scheduler plans such a block).
+
+The block's input is its first step, packed as usual (decodes only: token t is slot t's one token). Step i moves
+every slot that runs it (i < decode_steps[slot]) one position on: position + i, context length + i, sampling
+counter + i, and its KV write goes to the page of that position (the scheduler allocated the pages for the whole
+block). A slot past its steps writes to the spare page and keeps its context length; its tokens are ignored.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from cbjax.model.llama import AttentionMetadata
+from cbjax.runner.head_sample import head_and_sample
+from cbjax.runner.step_input import StepInput
+
+
+def decode_block(model, kv_caches, inp: StepInput, token_ids, num_steps: int, max_num_seqs: int, run_model):
+    """Run `num_steps` decode steps; `token_ids` [T] are the first step's (pending tokens already read in).
+    `run_model(token_ids, positions, kv_caches, metadata)` -> (hidden, kv_caches). Returns (tokens
+    [num_steps, max_num_seqs], kv_caches)."""
+    T, S = inp.token_ids.shape[0], inp.kv_lens.shape[0]  # (T >= S: a step holds no more slots than tokens)
+    k_pages = kv_caches[0][0]
+    G, spare_slot = k_pages.shape[2], (k_pages.shape[1] - 1) * k_pages.shape[2]
+    steps_of_token = jnp.zeros(T, jnp.int32).at[:S].set(inp.decode_steps)
+    slot_of_token = jnp.minimum(jnp.arange(T), S - 1)
+
+    def step(i, carry):
+        ids, kv, tokens = carry
+        positions = inp.positions + i
+        page = inp.page_indices[slot_of_token, positions // G]  # (clamped where positions run past a short row)
+        slots = jnp.where(i < steps_of_token, page * G + positions % G, spare_slot)
+        kv_lens = jnp.where(i < inp.decode_steps, inp.kv_lens + i, inp.kv_lens)
+        md = AttentionMetadata(slots, kv_lens, inp.page_indices, inp.cu_q_lens, inp.num_seqs)
+        hidden, kv = run_model(ids, positions, kv, md)
+        sampled = head_and_sample(model, hidden, inp._replace(counters=inp.counters + i))
+        return jnp.zeros(T, jnp.int32).at[:S].set(sampled), kv, tokens.at[i, :S].set(sampled)
+
+    tokens = jnp.zeros((num_steps, max_num_seqs), jnp.int32)
+    _, kv_caches, tokens = jax.lax.fori_loop(0, num_steps, step, (token_ids, kv_caches, tokens))
+    return tokens, kv_caches

@@ -12,6 +12,10 @@ with no host work in between. That is the device time the run needed; each run's
 share of its wall time the host added, overlapped or not (with async scheduling the host packs step n+1 while
 step n runs, so only what it could not hide shows). `host_overhead` is the median over the runs and
 `device_only_s` the median replay: a run and its replay share the same minute of a noisy machine.
+
+`host_busy_share` (always): the median over the runs of the host's working time (every step's `host_s`: schedule,
+pack, launch, receive; overlapped with the device or not) over the run's wall time. It bounds what the host can
+add to a run and, unlike the replay, needs no second timing of a machine whose speed drifts between runs.
 """
 
 import json
@@ -100,7 +104,7 @@ def main(argv):
     prompts = [w["prompt_token_ids"] for w in wl]
     params = [SamplingParams(max_tokens=w["max_new_tokens"], temperature=0.0, ignore_eos=True) for w in wl]
     compiles_before = engine.num_compiles
-    walls, outs, replays = [], None, []
+    walls, outs, replays, host_busy = [], None, [], []
     inputs = _record_inputs(engine.runner) if FLAGS.replay_device else None
     for _ in range(FLAGS.repeats):
         if inputs is not None:
@@ -110,6 +114,7 @@ def main(argv):
         outs = llm.generate(prompts, params)
         walls.append(time.perf_counter() - t0)
         steps = engine.step_records[first_step:]
+        host_busy.append(sum(s["host_s"] for s in steps) / walls[-1])
         if inputs is not None:
             replays.append(_replay(engine.runner, inputs))
     got = sum(len(o.outputs[0].token_ids) for o in outs)
@@ -130,7 +135,9 @@ def main(argv):
         "warmup_s": round(engine.warmup_s, 1),
         "steps": len(steps),  # dispatches: a block of decode steps counts once
         "decode_blocks": sum(1 for s in steps if s.get("decode_steps", 1) > 1),
-        "host_ms_per_step": round(1e3 * statistics.mean(host), 3),
+        "host_ms_per_step": round(1e3 * statistics.mean(host), 3),  # per dispatch (a block of steps counts once)
+        "host_busy_share": round(statistics.median(host_busy), 4),
+        "host_busy_share_runs": [round(h, 4) for h in host_busy],
         "device_wait_ms_per_step": round(1e3 * statistics.mean(dev), 3),
         "padding_waste": round(1 - sched / padded, 4),
         "mean_seqs_per_step": round(statistics.mean(s["num_scheduled_seqs"] for s in steps), 1),

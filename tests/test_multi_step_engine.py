@@ -68,12 +68,17 @@ def test_stream_deltas_of_blocks_concatenate_to_the_output(model):
     engine.wait_until_warm()
     prompts, _ = random_workload(4, seed=9, vocab=model.cfg.vocab_size, prompt_range=(4, 20))
     for i, p in enumerate(prompts):
-        engine.add_request(str(i), p, SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True))
+        engine.add_request(str(i), p, SamplingParams(max_tokens=31, temperature=0.0, ignore_eos=True))
     streamed, final, sizes = {}, {}, []
     for out in engine.stream():
         streamed.setdefault(out.request_id, []).extend(out.outputs[0].new_token_ids)
         sizes.append(len(out.outputs[0].new_token_ids))
         if out.finished:
             final[out.request_id] = out.outputs[0].token_ids
-    assert streamed == final and all(len(t) == 30 for t in final.values())
+    assert streamed == final and all(len(t) == 31 for t in final.values())
     assert max(sizes) == 4  # a block's tokens arrive together
+    # 30 decode steps after the prefill's token: blocks of 4 and a shorter one (the program's loop runs as many
+    # steps as the block's longest sequence takes).
+    assert {s["decode_steps"] for s in engine.step_records} >= {4, 2}
+    ref = greedy_reference(model, prompts, [31] * 4, width=MAX_MODEL_LEN)
+    assert [final[str(i)] for i in range(4)] == ref

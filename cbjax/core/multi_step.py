@@ -10,8 +10,9 @@ When: only where N single steps would have scheduled exactly this batch N times,
 changes: nothing waits (no admission, no priority preemption), every running request is in the step or has its
 final token pending, each scheduled sequence is a decode (one token, sampling), there is no swap, preemption,
 speculation or sliding-window eviction this step, and the pool has the pages for every sequence's extra tokens
-now. A sequence gets as many steps as its max_tokens and max_model_len allow (so none outlives its length
-limit); the block runs when at least one sequence can use all N (a shorter block would idle the others' slots).
+now. A sequence gets as many steps as its max_tokens and max_model_len allow, up to N (so none outlives its length
+limit); the block is as long as its longest sequence's steps (at least 2), and a sequence with fewer leaves its
+slot idle for the rest of the block (nothing waits that could take it).
 What differs from single steps: a sequence that stops on EOS or a stop token inside a block computes (and drops)
 the rest of the block's tokens, as asynchronous scheduling already does for one step; its tokens reach the host
 together at the end of the block (streaming deltas of up to N tokens, inter-token latencies of 0 within them); and
@@ -57,7 +58,7 @@ def plan_decode_steps(sched, out: SchedulerOutput) -> None:
         steps.append(k)
         need = pages_for(req.num_computed_tokens + k - 1, G) - req.num_dropped_pages - len(req.pages)
         new_pages += need if need > 0 else 0
-    if max(steps) < N:
+    if max(steps) < 2:
         return
     for req in sched.running:  # one left out of the step (its final token pending) is left out of every step
         if id(req) not in scheduled and not req.pending_is_final(max_len):
@@ -75,4 +76,4 @@ def plan_decode_steps(sched, out: SchedulerOutput) -> None:
             policy.on_scheduled(req, 1, now)
             req.num_computed_tokens += 1
             req.append_pending_token()
-    out.num_steps = N
+    out.num_steps = max(steps)

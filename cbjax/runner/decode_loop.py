@@ -6,6 +6,8 @@ The block's input is its first step, packed as usual (decodes only: token t is s
 every slot that runs it (i < decode_steps[slot]) one position on: position + i, context length + i, sampling
 counter + i, and its KV write goes to the page of that position (the scheduler allocated the pages for the whole
 block). A slot past its steps writes to the spare page and keeps its context length; its tokens are ignored.
+The loop runs max(decode_steps) times (a trip count known only at run time), so one program per token bucket
+serves every block of up to N steps.
 """
 
 import jax
@@ -17,9 +19,9 @@ from cbjax.runner.step_input import StepInput
 
 
 def decode_block(model, kv_caches, inp: StepInput, token_ids, num_steps: int, max_num_seqs: int, run_model):
-    """Run `num_steps` decode steps; `token_ids` [T] are the first step's (pending tokens already read in).
-    `run_model(token_ids, positions, kv_caches, metadata)` -> (hidden, kv_caches). Returns (tokens
-    [num_steps, max_num_seqs], kv_caches)."""
+    """Run max(inp.decode_steps) <= `num_steps` decode steps; `token_ids` [T] are the first step's (pending tokens
+    already read in). `run_model(token_ids, positions, kv_caches, metadata)` -> (hidden, kv_caches). Returns (tokens
+    [num_steps, max_num_seqs] (rows past the block's steps: 0), the last step's tokens [max_num_seqs], kv_caches)."""
     T, S = inp.token_ids.shape[0], inp.kv_lens.shape[0]  # (T >= S: a step holds no more slots than tokens)
     k_pages = kv_caches[0][0]
     G, spare_slot = k_pages.shape[2], (k_pages.shape[1] - 1) * k_pages.shape[2]
@@ -38,5 +40,6 @@ def decode_block(model, kv_caches, inp: StepInput, token_ids, num_steps: int, ma
         return jnp.zeros(T, jnp.int32).at[:S].set(sampled), kv, tokens.at[i, :S].set(sampled)
 
     tokens = jnp.zeros((num_steps, max_num_seqs), jnp.int32)
-    _, kv_caches, tokens = jax.lax.fori_loop(0, num_steps, step, (token_ids, kv_caches, tokens))
-    return tokens, kv_caches
+    trips = jnp.minimum(jnp.max(inp.decode_steps), num_steps)
+    _, kv_caches, tokens = jax.lax.fori_loop(0, trips, step, (token_ids, kv_caches, tokens))
+    return tokens, tokens[jnp.maximum(trips - 1, 0)], kv_caches

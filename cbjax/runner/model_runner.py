@@ -73,8 +73,9 @@ def _step(
         draft_probs = functools.partial(row_draft_probs, inp, probs)
     if decode_steps > 1:
         run = lambda ids, positions, kv, md: model(ids, positions, kv, md, backend, interpret, mesh)
-        tokens, kv_caches = decode_block(model, kv_caches, inp, token_ids, decode_steps, prev_tokens.shape[0], run)
-        tokens = (tokens, tokens[-1])  # (a slot with fewer steps has its final token pending: nothing reads it)
+        # (A slot with fewer steps than the block has its final token pending: nothing reads its last-step token.)
+        *tokens, kv_caches = decode_block(model, kv_caches, inp, token_ids, decode_steps, prev_tokens.shape[0], run)
+        tokens = tuple(tokens)
         if mesh is not None:
             tokens = jax.lax.with_sharding_constraint(tokens, NamedSharding(mesh, PartitionSpec()))
         return tokens, kv_caches
@@ -290,7 +291,8 @@ class ModelRunner:
         b = self.buckets
         rows = b.verify_rows(T) if verify else 0
         inp = empty_step_input(T, b.slots(T), b.pages_per_seq, self.pad_page, self.page_size, rows)
-        return inp if steps == 1 else inp._replace(decode_steps=np.zeros(b.slots(T), np.int32))
+        # (A block's padding runs one step, so `prime` runs its loop's body: the padding rows write the spare page.)
+        return inp if steps == 1 else inp._replace(decode_steps=np.ones(b.slots(T), np.int32))
 
     def _build_program(self, T: int, verify: bool = False, steps: int = 1):
         """The step for token bucket T: loaded from the program cache, else traced, lowered and compiled."""
@@ -426,8 +428,8 @@ class ModelRunner:
             return verified_tokens(handle.out.seqs, handle.order, host_tokens)
         n = len(handle.order)
         if host_tokens.ndim == 2:  # a block of decode steps: a row per step
-            result = np.empty((host_tokens.shape[0], n), np.int32)
-            result[:, handle.order] = host_tokens[:, :n]
+            result = np.empty((handle.out.num_steps, n), np.int32)
+            result[:, handle.order] = host_tokens[: handle.out.num_steps, :n]
             return result
         result = np.empty(n, np.int32)
         result[handle.order] = host_tokens[:n]

@@ -51,8 +51,8 @@ def run(cfg: SchedulerConfig, reqs: list[Request], asynchronous: bool, arrivals:
 def test_blocks_give_the_reference_tokens_and_the_single_steps_batches():
     for asynchronous in (False, True):
         singles, blocks = (
-            [request(i, 3 + 5 * i, 9 + 4 * i) for i in range(4)],
-            [request(i, 3 + 5 * i, 9 + 4 * i) for i in range(4)],
+            [request(i, 3 + 5 * i, 10 + 3 * i) for i in range(4)],
+            [request(i, 3 + 5 * i, 10 + 3 * i) for i in range(4)],
         )
         one = run(config(), singles, asynchronous)
         four = run(config(num_scheduler_steps=4), blocks, asynchronous)
@@ -63,6 +63,7 @@ def test_blocks_give_the_reference_tokens_and_the_single_steps_batches():
                 == reference(a.prompt_token_ids, a.params.max_tokens, VOCAB, None, 64)
             )
         assert any(out.num_steps == 4 for out, _ in four)
+        assert any(1 < out.num_steps < 4 for out, _ in four)  # a block as long as its longest sequence's steps
         assert len(four) < len(one)
         # Unrolled, the blocks are the single steps' batches: the same sequences at the same positions.
         unrolled = []

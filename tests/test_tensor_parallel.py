@@ -71,6 +71,12 @@ report["int8_kv"] = dict(
     == [o.outputs[0].token_ids for o in LLM(model, kv_cache_dtype="int8", **opts).generate(*few)],
     scale_shard=list(int8.runner.kv_caches[0][2].addressable_shards[0].data.shape),
 )
+# Blocks of decode steps (num_scheduler_steps) at TP 2: the device loop over sharded weights and KV pages.
+blocks = LLMEngine(model, tensor_parallel_size=2, num_scheduler_steps=4, warmup="full", **opts)
+report["blocks"] = dict(
+    same=[o.outputs[0].token_ids for o in LLM.from_engine(blocks).generate(prompts, params)] == ref,
+    num_blocks=sum(1 for r in blocks.step_records if r["decode_steps"] > 1),
+)
 print("REPORT " + json.dumps(report))
 """
 
@@ -82,6 +88,8 @@ def test_tensor_parallel_2_4_8_equal_one_device():
     assert int8["same"] and int8["scale_shard"] == [1, 41, 8, 1]  # 2 kv heads split over 2 devices, pages + spare
     tinypy = report.pop("tinypy")
     assert tinypy["same"] and tinypy["whole_matrices_on_one_device"] == []
+    blocks = report.pop("blocks")
+    assert blocks["same"] and blocks["num_blocks"] > 0
     assert len(report) == 14
     for run, r in report.items():
         tp = int(run.split("/")[0])

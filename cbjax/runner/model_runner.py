@@ -73,9 +73,8 @@ def _step(
         draft_probs = functools.partial(row_draft_probs, inp, probs)
     if decode_steps > 1:
         run = lambda ids, positions, kv, md: model(ids, positions, kv, md, backend, interpret, mesh)
-        # (A slot with fewer steps than the block has its final token pending: nothing reads its last-step token.)
-        *tokens, kv_caches = decode_block(model, kv_caches, inp, token_ids, decode_steps, prev_tokens.shape[0], run)
-        tokens = tuple(tokens)
+        rows, last, kv_caches = decode_block(model, kv_caches, inp, token_ids, decode_steps, prev_tokens.shape[0], run)
+        tokens = (rows, last)  # (a slot with fewer steps has its final token pending: nothing reads its `last`)
         if mesh is not None:
             tokens = jax.lax.with_sharding_constraint(tokens, NamedSharding(mesh, PartitionSpec()))
         return tokens, kv_caches
@@ -248,10 +247,8 @@ class ModelRunner:
 
     def _run(self, inp: StepInput, verify: bool = False):
         """Run the step program of `inp`'s kind and bucket; its tokens stay on the device."""
-        block = inp.decode_steps is not None
-        program = (self.verify_programs if verify else self.block_programs if block else self.programs).get(
-            inp.token_ids.shape[0]
-        )
+        programs = self.programs if inp.decode_steps is None else self.block_programs
+        program = (self.verify_programs if verify else programs).get(inp.token_ids.shape[0])
         if self._global_inputs:
             replicated = NamedSharding(self.mesh, PartitionSpec())
             inp = jax.tree.map(lambda a: sharding.put_global(a, replicated), inp)

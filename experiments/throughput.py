@@ -134,7 +134,7 @@ def main(argv):
         "setup_s": round(setup_s, 1),
         "warmup_s": round(engine.warmup_s, 1),
         "steps": len(steps),  # dispatches: a block of decode steps counts once
-        "decode_blocks": sum(1 for s in steps if s.get("decode_steps", 1) > 1),
+        "decode_blocks": sum(1 for s in steps if s["decode_steps"] > 1),
         "host_ms_per_step": round(1e3 * statistics.mean(host), 3),  # per dispatch (a block of steps counts once)
         "host_busy_share": round(statistics.median(host_busy), 4),
         "host_busy_share_runs": [round(h, 4) for h in host_busy],

@@ -47,7 +47,7 @@ def plan_decode_steps(sched, out: SchedulerOutput) -> None:
         return
     G, max_len, pool = cfg.page_size, cfg.max_model_len, sched.pool
     scheduled = set()
-    steps, new_pages = [], 0
+    steps, needs = [], []
     for s in seqs:
         req = s.request
         if not s.samples_token:
@@ -56,21 +56,20 @@ def plan_decode_steps(sched, out: SchedulerOutput) -> None:
         # Its first step's pending token is appended: each further step adds one input and one output.
         k = 1 + min(N - 1, req.params.max_tokens - len(req.output_token_ids), max_len - len(req.all_token_ids))
         steps.append(k)
-        need = pages_for(req.num_computed_tokens + k - 1, G) - req.num_dropped_pages - len(req.pages)
-        new_pages += need if need > 0 else 0
+        needs.append(max(0, pages_for(req.num_computed_tokens + k - 1, G) - req.num_dropped_pages - len(req.pages)))
     if max(steps) < 2:
         return
     for req in sched.running:  # one left out of the step (its final token pending) is left out of every step
         if id(req) not in scheduled and not req.pending_is_final(max_len):
             return
+    new_pages = sum(needs)
     if new_pages and not pool.can_allocate(new_pages):
         return
     policy, now = sched.policy, out.time
-    for s, k in zip(seqs, steps):
+    for s, k, need in zip(seqs, steps, needs):
         req = s.request
         s.num_steps = k
-        need = pages_for(req.num_computed_tokens + k - 1, G) - req.num_dropped_pages - len(req.pages)
-        if need > 0:
+        if need:
             req.pages.extend(pool.allocate(need, policy.choose_eviction))
         for _ in range(k - 1):  # what `Scheduler._scheduled` does for a decode, once per further step
             policy.on_scheduled(req, 1, now)

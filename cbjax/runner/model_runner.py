@@ -360,10 +360,10 @@ class ModelRunner:
         engine's first step in experiments/sim_fidelity.py: 88 ms against 20, docs/sim.md): a full warmup,
         and wait_for_programs, pay that here rather than in the first served steps (a timed run's, a simulator
         calibration's). Call it between steps, from the thread that dispatches them."""
-        kinds = ((self.programs, False, 1), (self.verify_programs, True, 1), (self.block_programs, False, 0))
+        n = self.decode_steps
+        kinds = ((self.programs, False, 1), (self.verify_programs, True, 1), (self.block_programs, False, n))
         for programs, verify, steps in kinds:
             if programs is not None:
-                steps = steps or self.decode_steps
                 run = lambda T, v=verify, n=steps: jax.block_until_ready(self._run(self._padding_input(T, v, n), v))
                 programs.prime(run)
 

@@ -8,10 +8,16 @@
 // each panel is one linear stream that the hardware prefetcher follows, read once from memory per call and
 // then from L2 for the other row blocks.
 //
-// Microkernel: R rows x NR = 32 columns of accumulators in registers (2 zmm per row, R <= kMR = 12: 24 of the
-// 32 zmm), walking k: load the panel's k-row (two zmm), broadcast x[r, k] and FMA into each row's two
-// accumulators. The rows of a chunk are split into blocks of near-equal size <= kMR (16 rows: 8 + 8 rather than
-// 12 + 4), so no block runs with only a few rows' worth of FMAs per panel load.
+// Microkernel: R rows x C panels (C * 32 columns) of accumulators in registers, walking k: load each panel's
+// k-row (two zmm per panel), broadcast x[r, k] and FMA into the row's 2 * C accumulators. Two shapes:
+// - decode sizes (a chunk of at most 2 * kMR = 24 rows): R <= kMR = 12 rows x 1 panel (24 of the 32 zmm), so a
+//   chunk's panels are read in at most two passes;
+// - larger chunks: R <= kWideMR = 6 rows x 2 panels (also 24 accumulators). Fewer rows per block matter there:
+//   when K = 1024 the rows of x lie 4 KiB apart, all in one set of the L1, and 12 of them (plus the panel's
+//   lines) overflow an 8-way L1 (Zen 4) so every broadcast misses; the compute-bound large-M matmuls ran at
+//   0.74-0.89x XLA's dot with 12 x 1 and at 1.01-1.21x with 6 x 2 (bench_cpu_gemm, Zen 4, 2026-12-02).
+// The rows of a chunk are split into blocks of near-equal size (16 rows: 8 + 8 rather than 12 + 4), so no block
+// runs with only a few rows' worth of FMAs per panel load.
 //
 // Summation order: every output element is acc = fma(x[m, k], w[k, n], acc) for k = 0 .. K-1 from acc = 0, in
 // one register lane, whatever the block size R, the row's place in its block, M or the thread count. So a row's
@@ -27,6 +33,8 @@
 // Rapids: copying each row block of x to [K, R] (its rows 4 KiB apart when K = 1024 share an L1 set; no change
 // measured, in or out of a padded stride), and K-slices of a panel kept in L1 across the row blocks (none at
 // M = 4..16, 5-10% slower at M = 64..256 on the MLP chain). Block sizes kMR = 8 and 14 were within the noise.
+// On a Zen 4: 6 x 2 blocks at decode sizes too (up to 20% slower at M = 8, where one pass over the panels wins),
+// 4 x 2, 4 x 3 (slower still) and 8 x 1 (as fast as 6 x 2 alone, in a one-thread test outside XLA).
 //
 // Without AVX-512 the same loops run on plain arrays (the compiler vectorises the 32 columns for what it has).
 
@@ -53,9 +61,11 @@ namespace {
 
 constexpr int64_t kNR = 32;  // columns per panel; cpu_gemm.py's NR must match
 #if defined(__AVX512F__)
-constexpr int kMR = 12;  // rows per register block: 2 * 12 accumulators + 2 panel registers + 1 broadcast
+// Register blocks: up to kMR rows x 1 panel (2 * 12 accumulators + 2 panel registers + 1 broadcast), or, for
+// chunks of more than 2 * kMR rows, up to kWideMR rows x kWidePanels panels (2 * 6 * 2 + 4 + 1).
+constexpr int kMR = 12, kWideMR = 6, kWidePanels = 2;
 #else
-constexpr int kMR = 8;
+constexpr int kMR = 8, kWideMR = 8, kWidePanels = 1;
 #endif
 constexpr int64_t kPanelsPerItem = 4;          // 128 columns per work item: few items, still enough to balance
 constexpr int64_t kChunkBytes = 1 << 20;       // x's share of L2 per row chunk
@@ -122,54 +132,68 @@ inline void fold_best(__m512 v0, __m512 v1, __mmask16 m0, __mmask16 m1, int64_t 
 }
 #endif
 
-// y[0..R, 0..cols) = x[0..R, :] @ panel (cols <= kNR: the last panel's real columns), or with kArgmax those sums
-// folded into best[0..R) / best_col[0..R) (one entry per row) instead. `next`, if not null: the panel to
-// prefetch into L2 meanwhile, a k-row per k. `col`: the panel's first column.
-template <int R, bool kArgmax>
+// y[0..R, col..col + cols) = x[0..R, :] @ C consecutive panels starting at `panel` (cols <= C * kNR: only the
+// last panel may have fewer real columns), or with kArgmax those sums folded into best[0..R) / best_col[0..R)
+// (one entry per row, in column order) instead. `next`, if not null: the first of the next C panels, to prefetch
+// into L2 meanwhile, a k-row per k. `col`: the first panel's first column.
+template <int R, int C, bool kArgmax>
 void block(const float* __restrict x, const float* __restrict panel, float* __restrict y, int64_t K, int64_t N,
            int64_t col, int64_t cols, const float* next, float* best, int32_t* best_col) {
+  const int64_t stride = K * kNR;  // floats from one panel to the next
 #if defined(__AVX512F__)
-  __m512 a0[R], a1[R];
+  __m512 acc[R][2 * C];
 #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int j = 0; j < 2 * C; ++j) acc[r][j] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; ++k) {
-    const float* b = panel + k * kNR;
-    // The two cache lines of the k-row kPrefetch floats ahead into L1, and of the next panel's k-row into L2.
-    _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetch), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetch + 16), _MM_HINT_T0);
-    if (next) {
-      _mm_prefetch(reinterpret_cast<const char*>(next + k * kNR), _MM_HINT_T1);
-      _mm_prefetch(reinterpret_cast<const char*>(next + k * kNR + 16), _MM_HINT_T1);
+    __m512 b[2 * C];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      const float* bc = panel + c * stride + k * kNR;
+      // The two cache lines of the k-row kPrefetch floats ahead into L1, and of the next panels' k-row into L2.
+      _mm_prefetch(reinterpret_cast<const char*>(bc + kPrefetch), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(bc + kPrefetch + 16), _MM_HINT_T0);
+      if (next) {
+        _mm_prefetch(reinterpret_cast<const char*>(next + c * stride + k * kNR), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(next + c * stride + k * kNR + 16), _MM_HINT_T1);
+      }
+      b[2 * c] = _mm512_loadu_ps(bc);
+      b[2 * c + 1] = _mm512_loadu_ps(bc + 16);
     }
-    const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m512 xr = _mm512_set1_ps(x[r * K + k]);
-      a0[r] = _mm512_fmadd_ps(xr, b0, a0[r]);
-      a1[r] = _mm512_fmadd_ps(xr, b1, a1[r]);
+#pragma GCC unroll 4
+      for (int j = 0; j < 2 * C; ++j) acc[r][j] = _mm512_fmadd_ps(xr, b[j], acc[r][j]);
     }
   }
-  const __mmask16 m0 = cols >= 16 ? 0xffff : static_cast<__mmask16>((1u << cols) - 1);
-  const __mmask16 m1 = cols >= 32 ? 0xffff : cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1);
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-    if constexpr (kArgmax) {
-      fold_best(a0[r], a1[r], m0, m1, col, best[r], best_col[r]);
-    } else {
-      _mm512_mask_storeu_ps(y + r * N + col, m0, a0[r]);
-      _mm512_mask_storeu_ps(y + r * N + col + 16, m1, a1[r]);
+#pragma GCC unroll 4
+  for (int c = 0; c < C; ++c) {
+    const int64_t cc = std::clamp<int64_t>(cols - c * kNR, 0, kNR), cc1 = std::max<int64_t>(cc - 16, 0);
+    const __mmask16 m0 = cc >= 16 ? 0xffff : static_cast<__mmask16>((1u << cc) - 1);
+    const __mmask16 m1 = cc1 >= 16 ? 0xffff : static_cast<__mmask16>((1u << cc1) - 1);
+    for (int r = 0; r < R; ++r) {
+      if constexpr (kArgmax) {
+        if (cc > 0) fold_best(acc[r][2 * c], acc[r][2 * c + 1], m0, m1, col + c * kNR, best[r], best_col[r]);
+      } else {
+        _mm512_mask_storeu_ps(y + r * N + col + c * kNR, m0, acc[r][2 * c]);
+        _mm512_mask_storeu_ps(y + r * N + col + c * kNR + 16, m1, acc[r][2 * c + 1]);
+      }
     }
   }
 #else
   (void)next;  // the portable path leaves prefetching to the hardware
-  float acc[R][kNR] = {};
+  float acc[R][C * kNR] = {};
   for (int64_t k = 0; k < K; ++k) {
-    const float* b = panel + k * kNR;
-    for (int r = 0; r < R; ++r) {
-      const float xr = x[r * K + k];
-      // Across the columns only: each acc[r][j] stays one chain over k (no reassociation).
+    for (int c = 0; c < C; ++c) {
+      const float* b = panel + c * stride + k * kNR;
+      for (int r = 0; r < R; ++r) {
+        const float xr = x[r * K + k];
+        // Across the columns only: each acc[r][j] stays one chain over k (no reassociation).
 #pragma omp simd
-      for (int64_t j = 0; j < kNR; ++j) acc[r][j] += xr * b[j];
+        for (int64_t j = 0; j < kNR; ++j) acc[r][c * kNR + j] += xr * b[j];
+      }
     }
   }
   for (int r = 0; r < R; ++r) {
@@ -185,20 +209,29 @@ void block(const float* __restrict x, const float* __restrict panel, float* __re
 using BlockFn = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t, const float*, float*,
                          int32_t*);
 
-template <bool kArgmax, int... Rs>
+template <int C, bool kArgmax, int... Rs>
 constexpr auto make_blocks(std::integer_sequence<int, Rs...>) {
-  return std::array<BlockFn, sizeof...(Rs)>{block<Rs + 1, kArgmax>...};
+  return std::array<BlockFn, sizeof...(Rs)>{block<Rs + 1, C, kArgmax>...};
 }
-// kBlocks[a][R - 1] does R rows; a = 1: the argmax kernel.
+// kBlocks[a][R - 1] does R rows times one panel, kWideBlocks[a][R - 1] R rows times kWidePanels panels (the
+// last panel pair of an odd count falls back to kBlocks); a = 1: the argmax kernel.
 constexpr std::array<std::array<BlockFn, kMR>, 2> kBlocks = {
-    make_blocks<false>(std::make_integer_sequence<int, kMR>{}),
-    make_blocks<true>(std::make_integer_sequence<int, kMR>{})};
+    make_blocks<1, false>(std::make_integer_sequence<int, kMR>{}),
+    make_blocks<1, true>(std::make_integer_sequence<int, kMR>{})};
+constexpr std::array<std::array<BlockFn, kWideMR>, 2> kWideBlocks = {
+    make_blocks<kWidePanels, false>(std::make_integer_sequence<int, kWideMR>{}),
+    make_blocks<kWidePanels, true>(std::make_integer_sequence<int, kWideMR>{})};
 
 // Rows [row0, row1) times panels [p0, p1) (panel group `grp` for the argmax kernel's partial results).
 void run_item(const Gemm& g, int64_t row0, int64_t row1, int64_t p0, int64_t p1, int64_t grp) {
   const bool argmax = g.y == nullptr;
   const int64_t rows = row1 - row0;
-  const int64_t nblocks = (rows + kMR - 1) / kMR;
+  // Few rows (decode): blocks of up to 12 rows read each panel once. More: blocks of 6 rows x 2 panels, whose
+  // rows of x (4 KiB apart when K = 1024, the same set of an 8-way L1) stay in L1; 12 rows then evict each other
+  // (bench_cpu_gemm, Zen 4: 0.74-0.89x XLA's dot at M >= 256 with 12 rows, 1.04-1.14x with 6 x 2).
+  const bool wide = rows > 2 * kMR;
+  const int64_t max_rows = wide ? kWideMR : kMR, max_panels = wide ? kWidePanels : 1;
+  const int64_t nblocks = (rows + max_rows - 1) / max_rows;
   const int64_t base = rows / nblocks, extra = rows % nblocks;  // the first `extra` blocks get one more row
   float* best = argmax ? g.best + grp * g.M : nullptr;
   int32_t* best_col = argmax ? g.best_col + grp * g.M : nullptr;
@@ -206,19 +239,22 @@ void run_item(const Gemm& g, int64_t row0, int64_t row1, int64_t p0, int64_t p1,
     std::fill(best + row0, best + row1, -INFINITY);
     std::fill(best_col + row0, best_col + row1, static_cast<int32_t>(p0 * kNR));
   }
-  for (int64_t p = p0; p < p1; ++p) {
+  for (int64_t p = p0; p < p1;) {
+    const int64_t c = std::min(max_panels, p1 - p);  // panels side by side in this block
     const float* panel = g.w + p * g.K * kNR;
-    const int64_t col = p * kNR, cols = std::min(kNR, g.N - col);
-    // The first row block streams the panel from memory and asks for the next one meanwhile: with 2 or more row
-    // blocks per panel, memory then streams while the later blocks compute from L2, instead of idling.
-    const float* next = p + 1 < g.P ? panel + g.K * kNR : nullptr;
+    const int64_t col = p * kNR, cols = std::min(c * kNR, g.N - col);
+    // The first row block streams the panels from memory and asks for the next ones meanwhile: with 2 or more
+    // row blocks per panel, memory then streams while the later blocks compute from L2, instead of idling.
+    const float* next = p + c < g.P ? panel + c * g.K * kNR : nullptr;
     int64_t r = row0;
     for (int64_t b = 0; b < nblocks; ++b) {
       const int64_t n = base + (b < extra ? 1 : 0);
-      kBlocks[argmax][n - 1](g.x + r * g.K, panel, argmax ? nullptr : g.y + r * g.N, g.K, g.N, col, cols,
-                             b == 0 ? next : nullptr, argmax ? best + r : nullptr, argmax ? best_col + r : nullptr);
+      const BlockFn fn = c > 1 ? kWideBlocks[argmax][n - 1] : kBlocks[argmax][n - 1];
+      fn(g.x + r * g.K, panel, argmax ? nullptr : g.y + r * g.N, g.K, g.N, col, cols, b == 0 ? next : nullptr,
+         argmax ? best + r : nullptr, argmax ? best_col + r : nullptr);
       r += n;
     }
+    p += c;
   }
 }
 

@@ -49,7 +49,7 @@ def test_pack_weight_layout_and_round_trip():
         (12, 128, 64),  # one full register block
         (13, 96, 31),  # a block of 12 + 1 row would be lopsided: 7 + 6
         (16, 33, 65),
-        (25, 256, 96),
+        (25, 256, 96),  # wide blocks (6 rows x 2 panels) and a lone last panel
         (40, 96, 600),  # big enough for a helper thread
         (300, 2048, 40),  # several row chunks (x's chunk sized to L2)
     ],
@@ -79,7 +79,9 @@ def test_leading_dims_and_jit():
 def test_a_rows_result_is_bitwise_independent_of_batch_and_threads():
     """Each output element is one fma chain over k in order: the row's block size and place, M and the thread
     count change nothing (the engine's exactness tests compare a batch against separate forwards)."""
-    M, K, N = 64, 320, 200  # 64 rows: register blocks of 11 and 10 rows; M * K * N enough for a helper
+    # 64 rows: register blocks of 6 rows x 2 panels; the subsets below (<= 24 rows): blocks of up to 12 rows x 1
+    # panel. M * K * N is enough for a helper thread.
+    M, K, N = 64, 320, 200
     x, w = operands(np.random.default_rng(2), M, K, N)
     wp = jnp.asarray(cpu_gemm.pack_weight(w))
     full = np.asarray(cpu_gemm.packed_matmul(x, wp, N, num_threads=2))

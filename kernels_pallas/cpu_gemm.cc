@@ -14,8 +14,8 @@
 //   chunk's panels are read in at most two passes;
 // - larger chunks: R <= kWideMR = 6 rows x 2 panels (also 24 accumulators). Fewer rows per block matter there:
 //   when K = 1024 the rows of x lie 4 KiB apart, all in one set of the L1, and 12 of them (plus the panel's
-//   lines) overflow an 8-way L1 (Zen 4) so every broadcast misses; the compute-bound large-M matmuls ran at
-//   0.74-0.89x XLA's dot with 12 x 1 and at 1.01-1.21x with 6 x 2 (bench_cpu_gemm, Zen 4, 2026-12-02).
+//   lines) overflow an 8-way L1 (Zen 4), so the broadcasts of x miss it; the compute-bound large-M matmuls ran at
+//   0.74-0.96x XLA's dot with 12 x 1 and at 1.01-1.21x with 6 x 2 (bench_cpu_gemm, Zen 4, 2026-12-02).
 // The rows of a chunk are split into blocks of near-equal size (16 rows: 8 + 8 rather than 12 + 4), so no block
 // runs with only a few rows' worth of FMAs per panel load.
 //
@@ -213,8 +213,8 @@ template <int C, bool kArgmax, int... Rs>
 constexpr auto make_blocks(std::integer_sequence<int, Rs...>) {
   return std::array<BlockFn, sizeof...(Rs)>{block<Rs + 1, C, kArgmax>...};
 }
-// kBlocks[a][R - 1] does R rows times one panel, kWideBlocks[a][R - 1] R rows times kWidePanels panels (the
-// last panel pair of an odd count falls back to kBlocks); a = 1: the argmax kernel.
+// kBlocks[a][R - 1] does R rows times one panel, kWideBlocks[a][R - 1] R rows times kWidePanels panels (a lone
+// last panel, of an odd count, takes kBlocks); a = 1: the argmax kernel.
 constexpr std::array<std::array<BlockFn, kMR>, 2> kBlocks = {
     make_blocks<1, false>(std::make_integer_sequence<int, kMR>{}),
     make_blocks<1, true>(std::make_integer_sequence<int, kMR>{})};
@@ -228,7 +228,7 @@ void run_item(const Gemm& g, int64_t row0, int64_t row1, int64_t p0, int64_t p1,
   const int64_t rows = row1 - row0;
   // Few rows (decode): blocks of up to 12 rows read each panel once. More: blocks of 6 rows x 2 panels, whose
   // rows of x (4 KiB apart when K = 1024, the same set of an 8-way L1) stay in L1; 12 rows then evict each other
-  // (bench_cpu_gemm, Zen 4: 0.74-0.89x XLA's dot at M >= 256 with 12 rows, 1.04-1.14x with 6 x 2).
+  // (bench_cpu_gemm, Zen 4: 0.74-0.96x XLA's dot at M >= 256 with 12 rows, 1.01-1.21x with 6 x 2).
   const bool wide = rows > 2 * kMR;
   const int64_t max_rows = wide ? kWideMR : kMR, max_panels = wide ? kWidePanels : 1;
   const int64_t nblocks = (rows + max_rows - 1) / max_rows;

@@ -14,7 +14,7 @@ are timed round-robin (`--rounds` rounds of 3 calls; medians):
              (with the packed kernel, on the step's real rows only, as the engine)
   attention  the paged attention alone on the step's real metadata and cache, x num_layers
   lm_head    the LM head matmul on the rows the step's head runs on: S = min(T, max_num_seqs), or the first 32
-             (model_runner.HEAD_ROWS) when the step's sequences fit there; with the packed kernel the fused
+             (head_sample.HEAD_ROWS) when the step's sequences fit there; with the packed kernel the fused
              greedy head the engine runs for an all-greedy step (the argmax of the product, no logits)
   sampling   the sampler on those rows' logits (0 with the packed kernel's fused greedy head)
   other      step - (matmuls + in-step attention + lm_head + sampling): norms, RoPE, KV writes, embedding, glue
@@ -117,7 +117,8 @@ def main(argv):
     from cbjax.model.linear_impl import serving_model
     from cbjax.model.llama import init_model
     from cbjax.model.packed_linear import PackedLinear
-    from cbjax.runner.model_runner import HEAD_ROWS, ModelRunner
+    from cbjax.runner.head_sample import HEAD_ROWS
+    from cbjax.runner.model_runner import ModelRunner
     from cbjax.runner.sampler import sample
     from cbjax.runner.step_input import BucketTable, pack_step
     from kernels_pallas import cpu_gemm, ragged_attention

@@ -127,7 +127,7 @@ def test_bf16_matmuls_match_their_full_forward_up_to_near_ties():
 def test_lm_head_on_the_first_rows_or_on_all_slots(model):
     """A step whose bucket has more than HEAD_ROWS slots runs the LM head and the sampler on its first HEAD_ROWS
     rows when its sequences fit there, else on all S slots: both branches, token-exact."""
-    from cbjax.runner.model_runner import HEAD_ROWS
+    from cbjax.runner.head_sample import HEAD_ROWS
 
     # Many short requests decoding together (more than HEAD_ROWS sequences), then long prompts whose prefill
     # chunks fill big buckets with few sequences.

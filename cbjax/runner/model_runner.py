@@ -17,7 +17,7 @@ from cbjax.runner.compile_counter import CompileCounter
 from cbjax.runner.decode_loop import decode_block
 from cbjax.runner.draft_proposals import propose_drafts, row_draft_probs, with_drafts
 from cbjax.runner.draft_runner import DraftRunner
-from cbjax.runner.head_sample import HEAD_ROWS, head_and_sample  # noqa: F401 (HEAD_ROWS: profile_step)
+from cbjax.runner.head_sample import head_and_sample
 from cbjax.runner.program_cache import ProgramCache
 from cbjax.runner.static_arg import intern
 from cbjax.runner.step_handle import StepHandle

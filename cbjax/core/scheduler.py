@@ -255,8 +255,7 @@ class Scheduler:
             chunked = self.policy.chunked_prefill
             if chunked is None:
                 chunked = self.config.enable_chunked_prefill
-            # Without chunking a context waits for a step with room for all of it, unless no step could ever hold
-            # it.
+            # Without chunking a context waits for a step with room for all of it, unless no step could hold it.
             if not chunked and left <= self.config.max_num_batched_tokens:
                 return 0
         return n
@@ -390,6 +389,7 @@ class Scheduler:
         if this one stops it)."""
         changed = []
         caching, G, max_len = self.pool.enable_caching, self.config.page_size, self.config.max_model_len
+        sampled = sampled.tolist() if hasattr(sampled, "tolist") else sampled  # numpy: ints in one call, not one each
         for step, row in enumerate(sampled) if out.num_steps > 1 else ((0, sampled),):
             for seq, token in zip(out.seqs, row):
                 req = seq.request

@@ -10,84 +10,24 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from cbjax.core.scheduler_output import SchedulerOutput
-from cbjax.model.llama import AttentionMetadata, Llama, kv_cache_arrays
+from cbjax.model.llama import Llama, kv_cache_arrays
 from cbjax.model.llama import kv_cache_dtype as kv_cache_dtype_of
 from cbjax.runner import kv_swap, sharding
 from cbjax.runner.compile_counter import CompileCounter
-from cbjax.runner.decode_loop import decode_block
-from cbjax.runner.draft_proposals import propose_drafts, row_draft_probs, with_drafts
 from cbjax.runner.draft_runner import DraftRunner
-from cbjax.runner.head_sample import head_and_sample
+from cbjax.runner.flat_input import FLAT_INPUT_FORMAT, FlatStepInput, flat_input
 from cbjax.runner.program_cache import ProgramCache
 from cbjax.runner.static_arg import intern
 from cbjax.runner.step_handle import StepHandle
-from cbjax.runner.step_input import BucketTable, StepInput, empty_step_input, pack_step
+from cbjax.runner.step_input import BucketTable, StepInput, empty_step_input
+from cbjax.runner.step_packer import StepPacker
+from cbjax.runner.step_program import step_program
 from cbjax.runner.step_programs import StepPrograms
-from cbjax.runner.verify import Speculation, head_and_verify
+from cbjax.runner.verify import Speculation
 from cbjax.runner.verify_rows import verified_tokens
 from kernels_pallas.xla_attention import resolve_cpu_impls
 
 WARMUP_MODES = ("full", "background", "none")
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=("graphdef", "backend", "interpret", "mesh", "speculation", "draft_graphdef", "decode_steps"),
-    donate_argnames=("kv_caches", "draft_kv"),
-)
-def _step(
-    params,
-    kv_caches,
-    inp: StepInput,
-    prev_tokens,
-    draft_params=None,
-    draft_kv=None,
-    *,
-    graphdef,
-    backend: str,
-    interpret: bool,
-    mesh=None,
-    speculation=None,
-    draft_graphdef=None,
-    decode_steps: int = 1,
-):
-    """params: the model state's leaves; graphdef: interned (GraphDef, state treedef); prev_tokens: the previous
-    step's sampled tokens [max_num_seqs], still on the device. Returns this step's, padded the same way.
-    With `speculation`: tokens are [max_num_seqs, K + 2] per slot (cbjax/runner/verify.py); column 0 feeds the
-    pending tokens of the next step. With a draft model too (`draft_graphdef`, its params and KV): the drafts are
-    proposed here first (draft_proposals.py) and the draft's KV comes back as a third output. With
-    `decode_steps` > 1: a block of that many decode steps (decode_loop.py); its tokens are
-    ([decode_steps, max_num_seqs], the last step's [max_num_seqs])."""
-    module_def, treedef = graphdef.value
-    model = nnx.merge(module_def, jax.tree.unflatten(treedef, params))
-    token_ids = jnp.where(inp.token_src >= 0, prev_tokens[jnp.maximum(inp.token_src, 0)], inp.token_ids)
-    draft_probs = None
-    if draft_graphdef is not None:
-        draft_def, draft_treedef = draft_graphdef.value
-        draft = nnx.merge(draft_def, jax.tree.unflatten(draft_treedef, draft_params))
-        G = kv_caches[0][0].shape[2]
-        drafts, probs, draft_kv = propose_drafts(
-            draft, draft_kv, token_ids, inp, speculation.max_drafts, G, backend, interpret
-        )
-        token_ids = with_drafts(token_ids, inp, drafts)
-        draft_probs = functools.partial(row_draft_probs, inp, probs)
-    if decode_steps > 1:
-        run = lambda ids, positions, kv, md: model(ids, positions, kv, md, backend, interpret, mesh)
-        rows, last, kv_caches = decode_block(model, kv_caches, inp, token_ids, decode_steps, prev_tokens.shape[0], run)
-        tokens = (rows, last)  # (a slot with fewer steps has its final token pending: nothing reads its `last`)
-        if mesh is not None:
-            tokens = jax.lax.with_sharding_constraint(tokens, NamedSharding(mesh, PartitionSpec()))
-        return tokens, kv_caches
-    md = AttentionMetadata(inp.slot_mapping, inp.kv_lens, inp.page_indices, inp.cu_q_lens, inp.num_seqs)
-    hidden, kv_caches = model(token_ids, inp.positions, kv_caches, md, backend, interpret, mesh)
-    if speculation is None:
-        tokens = head_and_sample(model, hidden, inp)
-    else:
-        tokens = head_and_verify(model, hidden, inp, token_ids, speculation.rule, speculation.max_drafts, draft_probs)
-    tokens = jnp.zeros((prev_tokens.shape[0], *tokens.shape[1:]), jnp.int32).at[: tokens.shape[0]].set(tokens)
-    if mesh is not None:  # every device (and every process) holds all of them: the host reads its own copy
-        tokens = jax.lax.with_sharding_constraint(tokens, NamedSharding(mesh, PartitionSpec()))
-    return (tokens, kv_caches) if draft_graphdef is None else (tokens, kv_caches, draft_kv)
 
 
 class ModelRunner:
@@ -235,30 +175,32 @@ class ModelRunner:
         self.program_cache = None if program_cache_dir is None or not on_default else ProgramCache(program_cache_dir)
         self.swap_out_bytes_total = 0
         self.swap_in_bytes_total = 0
-        # The last dispatched step's sampled tokens, on the device, and each of its requests' slot: the next step
-        # reads its pending tokens from there.
+        # The last dispatched step's sampled tokens, on the device: the next step reads its pending tokens from
+        # there (the packer knows each request's slot in that step).
         self._prev_tokens = self._no_pending = put(jnp.zeros(buckets.max_num_seqs, jnp.int32))
-        self._prev_slot_of: dict = {}
+        self.packer = StepPacker(buckets, self.pad_page)
         self.last_step: StepHandle | None = None  # the last dispatched step
 
     @property
     def num_compiles(self) -> int:
         return self.compiles.num_compiles
 
-    def _run(self, inp: StepInput, verify: bool = False):
+    def _run(self, inp: "StepInput | FlatStepInput", verify: bool = False):
         """Run the step program of `inp`'s kind and bucket; its tokens stay on the device."""
-        programs = self.programs if inp.decode_steps is None else self.block_programs
-        program = (self.verify_programs if verify else programs).get(inp.token_ids.shape[0])
+        flat = flat_input(inp)
+        programs = self.block_programs if flat.layout.blocks else self.programs
+        program = (self.verify_programs if verify else programs).get(flat.layout.T)
+        args = (flat.ints, flat.floats, flat.verify)
         if self._global_inputs:
             replicated = NamedSharding(self.mesh, PartitionSpec())
-            inp = jax.tree.map(lambda a: sharding.put_global(a, replicated), inp)
+            args = jax.tree.map(lambda a: sharding.put_global(a, replicated), args)
         if verify and self.draft is not None:
             d = self.draft
             tokens, self.kv_caches, d.kv_caches = program(
-                self.params, self.kv_caches, inp, self._prev_tokens, d.params, d.kv_caches
+                self.params, self.kv_caches, *args, self._prev_tokens, d.params, d.kv_caches
             )
         else:
-            tokens, self.kv_caches = program(self.params, self.kv_caches, inp, self._prev_tokens)
+            tokens, self.kv_caches = program(self.params, self.kv_caches, *args, self._prev_tokens)
         return tokens
 
     def _program_key(self, T: int, verify: bool = False, steps: int = 1) -> tuple:
@@ -294,29 +236,30 @@ class ModelRunner:
     def _build_program(self, T: int, verify: bool = False, steps: int = 1):
         """The step for token bucket T: loaded from the program cache, else traced, lowered and compiled."""
         b = self.buckets
-        inp = self._padding_input(T, verify, steps)
+        flat = flat_input(self._padding_input(T, verify, steps))
         params, kv_caches = self._avals
         placed = self.device is not None or self.mesh is not None
         prev = jax.ShapeDtypeStruct(
             (b.max_num_seqs,), jnp.int32, sharding=self._prev_tokens.sharding if placed else None
         )
-        args, outs = (params, kv_caches, inp, prev), (prev, kv_caches)
+        args, outs = (params, kv_caches, flat.ints, flat.floats, flat.verify, prev), (prev, kv_caches)
         if steps > 1:  # a block of decode steps: every step's tokens, and the last step's
             outs = ((jax.ShapeDtypeStruct((steps, b.max_num_seqs), jnp.int32), prev), kv_caches)
         drafting = verify and self.draft is not None
-        if drafting:  # the draft's params and KV follow (see _step)
+        if drafting:  # the draft's params and KV follow (see step_program.py)
             args, outs = args + self.draft.avals, outs + (self.draft.avals[1],)
         trees = jax.tree.structure((args, {})), jax.tree.structure(outs)
         # (The draft's part of the key holds its interned graphdef, whose repr is not stable across processes.)
         draft = (repr(self.draft.cfg), self.draft.key()[1]) if drafting else None
-        description = ("step", repr(self.cfg), self._program_key(T, verify, steps)[1:-1], draft)
+        description = ("step", FLAT_INPUT_FORMAT, repr(self.cfg), self._program_key(T, verify, steps)[1:-1], draft)
         if self.program_cache is not None:
             program = self.program_cache.load(description, *trees, device=self.device)
             if program is not None:
                 self.compiles.count_loaded()
                 return program
-        lowered = _step.lower(
+        lowered = step_program.lower(
             *args,
+            layout=flat.layout,
             graphdef=self.graphdef,
             backend=self.backend,
             interpret=self.interpret,
@@ -399,7 +342,7 @@ class ModelRunner:
             handle.swap_s, handle.swap_out_bytes, handle.swap_in_bytes = self.swap(out.swap_out, out.swap_in)
         if out.seqs:
             handle.verified = verify = self.speculation is not None and out.num_draft_tokens > 0
-            inp, handle.order = pack_step(out, self.buckets, self.pad_page, self._prev_slot_of, verify)
+            inp, handle.order = self.packer.pack(out, verify)
             handle.tokens = self._run(inp, verify)
             # A verifying step is received before the next is scheduled (the engine waits for it), so the next
             # step has no pending token to read from it. A block's next step reads its last step's tokens.
@@ -407,9 +350,7 @@ class ModelRunner:
                 handle.tokens, self._prev_tokens = handle.tokens
             else:
                 self._prev_tokens = self._no_pending if verify else handle.tokens
-            handle.padded_tokens = inp.token_ids.shape[0]
-            seqs = out.seqs
-            self._prev_slot_of = {seqs[j].request: i for i, j in enumerate(handle.order) if seqs[j].samples_token}
+            handle.padded_tokens = inp.layout.T
         self.last_step = handle
         return handle
 
@@ -419,7 +360,10 @@ class ModelRunner:
         if handle.tokens is None:
             return np.empty(0, np.int32)
         t0 = time.perf_counter()
-        host_tokens = np.asarray(handle.tokens.addressable_data(0))  # the one device -> host copy of the step
+        # The one device -> host copy of the step. (Across processes each reads its own copy; otherwise the array
+        # itself, which costs the host ~0.1 ms less per step than building its shard's array first.)
+        tokens = handle.tokens.addressable_data(0) if self._global_inputs else handle.tokens
+        host_tokens = np.asarray(tokens)
         handle.wait_s = time.perf_counter() - t0
         if handle.verified:
             return verified_tokens(handle.out.seqs, handle.order, host_tokens)

@@ -137,7 +137,8 @@ def admit_and_abort(s: Scheduler, case: Case, clock, step: int, pending: list, r
             s.abort(r)
 
 
-def run_case(case: Case) -> None:
+def run_case(case: Case, on_schedule=None) -> None:
+    """`on_schedule(scheduler, out)`: called with each step before it runs (tests/runner/test_step_packer.py)."""
     clock = VirtualClock()
     s = Scheduler(dataclasses.replace(case.config, policy_options=case.policy_options), clock)
     runner = FakeRunner(s, VOCAB)
@@ -148,6 +149,8 @@ def run_case(case: Case) -> None:
     while pending or s.has_unfinished() or in_flight:
         admit_and_abort(s, case, clock, step, pending, reqs, expected)
         out = s.schedule()
+        if on_schedule is not None:
+            on_schedule(s, out)
         tokens = runner.execute(out)
         clock.advance(0.001)
         if case.asynchronous:

@@ -16,6 +16,10 @@ step n runs, so only what it could not hide shows). `host_overhead` is the media
 `host_busy_share` (always): the median over the runs of the host's working time (every step's `host_s`: schedule,
 pack, launch, receive; overlapped with the device or not) over the run's wall time. It bounds what the host can
 add to a run and, unlike the replay, needs no second timing of a machine whose speed drifts between runs.
+
+--host_split: the serving thread's CPU time per step, split into schedule, pack, launch (the program call), fetch,
+update and the rest of the engine's step (cbjax/bench/host_timers.py), medians over the runs; and
+`host_cpu_share`, the host's CPU time over the wall time.
 """
 
 import json
@@ -45,6 +49,7 @@ flags.DEFINE_integer("tensor_parallel_size", 1, "devices the weights and KV head
 flags.DEFINE_integer("data_parallel_size", 1, "engine replicas behind a router (docs/scale.md)")
 flags.DEFINE_integer("repeats", 1, "timed runs on the same engine; wall_s is their median")
 flags.DEFINE_bool("replay_device", False, "time the last run's steps again with no host work (device-only time)")
+flags.DEFINE_bool("host_split", False, "time the host's CPU per step by part (cbjax/bench/host_timers.py)")
 flags.DEFINE_string("dump_dir", None, "write the generated token ids to DIR/cbjax.json (for peers/compare.py)")
 FLAGS = flags.FLAGS
 
@@ -76,6 +81,7 @@ def _replay(runner, inputs) -> float:
 def main(argv):
     del argv
     from cbjax import LLM, SamplingParams
+    from cbjax.bench.host_timers import HostTimers
     from cbjax.bench.results import cpu_model
 
     wl = json.loads(pathlib.Path(FLAGS.workload).read_text())
@@ -106,15 +112,21 @@ def main(argv):
     compiles_before = engine.num_compiles
     walls, outs, replays, host_busy = [], None, [], []
     inputs = _record_inputs(engine.runner) if FLAGS.replay_device else None
+    timers = HostTimers(engine) if FLAGS.host_split else None
+    splits = []
     for _ in range(FLAGS.repeats):
         if inputs is not None:
             inputs.clear()
         first_step = len(engine.step_records)
+        if timers is not None:
+            timers.reset()
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params)
         walls.append(time.perf_counter() - t0)
         steps = engine.step_records[first_step:]
         host_busy.append(sum(s["host_s"] for s in steps) / walls[-1])
+        if timers is not None:
+            splits.append(timers.per_step_ms(len(steps)) | {"cpu_share": timers.cpu_s["step"] / walls[-1]})
         if inputs is not None:
             replays.append(_replay(engine.runner, inputs))
     got = sum(len(o.outputs[0].token_ids) for o in outs)
@@ -147,6 +159,12 @@ def main(argv):
         **{k: v for k, v in engine.config.__dict__.items() if k in opts or k == "num_pages"},
         "cpu": cpu_model(),
     }
+    if splits:
+        result["host_cpu_ms_per_step"] = {
+            k: statistics.median(s[k] for s in splits) for k in splits[0] if k != "cpu_share"
+        }
+        result["host_cpu_share"] = round(statistics.median(s["cpu_share"] for s in splits), 4)
+        result["host_cpu_share_runs"] = [round(s["cpu_share"], 4) for s in splits]
     if replays:
         result["device_only_s"] = round(statistics.median(replays), 3)
         result["host_overhead"] = round(statistics.median(1 - d / w for d, w in zip(replays, walls)), 4)

@@ -1,13 +1,11 @@
 """FlatStepInput: a StepInput as the step programs take it, every int32 field in one buffer and the float32 ones
 in another (the verify rows of a speculative step stay apart).
 
-Each argument of a program call costs the launch on XLA:CPU: with a step's 15 input arrays as separate numpy
-arguments, the call of llama-tiny's 64-sequence decode step took 0.38 ms of host time, against 0.27 ms with the
-same inputs already on the device (a throwaway timing, 2026-12-02, Sapphire Rapids). Two buffers make it two
-conversions. The program slices the fields back out (InputLayout.unflatten, traced: static slices of a few KB).
-
-The flat form also lets the packer advance a steady decode batch with one add over the previous step's int32
-buffer (cbjax/runner/step_packer.py).
+Each argument of a program call costs its launch host time on XLA:CPU (converting a numpy array, checking its
+layout, tracking its buffer), and the step's 15 input arrays were 15 such arguments; two buffers are two. The
+program slices the fields back out (InputLayout.unflatten, traced: static slices of a few KB). The flat int32
+buffer also lets the packer advance a steady decode batch with one add (cbjax/runner/step_packer.py). What it
+gave: docs/benchmarks.md, "Host time at 64 running sequences" (`experiments.throughput --host_split`).
 """
 
 import dataclasses
@@ -36,8 +34,6 @@ INT_FIELDS = (
     "decode_steps",  # only in a block of decode steps
 )
 FLOAT_FIELDS = ("temperature", "top_p")
-# Names this argument format in the program cache's keys: a program saved before it took its input otherwise.
-FLAT_INPUT_FORMAT = "flat-input-1"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,7 @@ from cbjax.model.llama import kv_cache_dtype as kv_cache_dtype_of
 from cbjax.runner import kv_swap, sharding
 from cbjax.runner.compile_counter import CompileCounter
 from cbjax.runner.draft_runner import DraftRunner
-from cbjax.runner.flat_input import FLAT_INPUT_FORMAT, FlatStepInput, flat_input
+from cbjax.runner.flat_input import FlatStepInput, flat_input
 from cbjax.runner.program_cache import ProgramCache
 from cbjax.runner.static_arg import intern
 from cbjax.runner.step_handle import StepHandle
@@ -251,7 +251,7 @@ class ModelRunner:
         trees = jax.tree.structure((args, {})), jax.tree.structure(outs)
         # (The draft's part of the key holds its interned graphdef, whose repr is not stable across processes.)
         draft = (repr(self.draft.cfg), self.draft.key()[1]) if drafting else None
-        description = ("step", FLAT_INPUT_FORMAT, repr(self.cfg), self._program_key(T, verify, steps)[1:-1], draft)
+        description = ("step", repr(self.cfg), self._program_key(T, verify, steps)[1:-1], draft)
         if self.program_cache is not None:
             program = self.program_cache.load(description, *trees, device=self.device)
             if program is not None:

@@ -5,10 +5,11 @@ position on, its input token is the one the previous step sampled (still on the 
 scheduling), and its page-table row changes only when it gets a new page. Packing such a step from scratch
 (pack_step) costs ~30 numpy calls and reads every sequence's token and page lists; inside a run on 2 cores each
 numpy call costs several times what it costs alone (the step's threads share the cores and caches), and
-pack_step took ~0.4 ms of the host's ~1.4 ms per step at 64 sequences of llama-tiny. Advancing adds one vector to
-the previous step's int32 buffer (positions, context lengths, slot mappings and sampling counters move by one)
-and writes by hand only what moved otherwise: the slot mapping of a sequence entering a new page, a page-table
-row that gained or lost pages, the input tokens where they are not all pending. Any other step (a sequence joins,
+pack_step was over a quarter of the host's work per step at 64 sequences of llama-tiny (docs/benchmarks.md,
+"Host time at 64 running sequences", `experiments.throughput --host_split`). Advancing adds one vector to the
+previous step's int32 buffer (positions, context lengths, slot mappings and sampling counters move by one) and
+writes by hand only what moved otherwise: the slot mapping of a sequence entering a new page, a page-table row
+that gained or lost pages, the input tokens where they are not all pending. Any other step (a sequence joins,
 leaves or is preempted, a prefill chunk, drafts, a block of decode steps) is packed from scratch.
 
 Buffers are never changed once handed out: the previous step may still be reading its input (jax can alias a

@@ -406,6 +406,7 @@ class LLMEngine:
                 num_scheduled_tokens=out.num_batched_tokens,
                 padded_tokens=handle.padded_tokens,
                 decode_steps=out.num_steps,  # > 1: a block of decode steps (core/multi_step.py)
+                block_wasted_tokens=out.num_wasted_tokens,
                 kv_pages_used=sched.pool.num_used,
                 kv_pages_total=sched.pool.num_pages,
                 host_s=host_s,
@@ -434,9 +435,8 @@ class LLMEngine:
         wait() if wait is not None else self.runner.programs.wait()
 
     def abort_all(self) -> None:
-        for rid in list(self.requests):
-            if not self.requests[rid].is_finished:
-                self.abort_request(rid)
+        for rid in [rid for rid, req in self.requests.items() if not req.is_finished]:
+            self.abort_request(rid)
 
 
 def sim_cost_model(cfg: EngineConfig, mcfg: ModelConfig):

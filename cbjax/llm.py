@@ -8,15 +8,27 @@ from cbjax.core.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from cbjax.core.sampling_params import SamplingParams
 from cbjax.engine import LLMEngine
 
+# The offline facade's default num_scheduler_steps (LLMEngine's is 1): blocks of up to this many decode steps per
+# dispatch where nothing waits and every running sequence decodes (cbjax/core/multi_step.py). Offline, nothing
+# arrives during `generate` and it returns final outputs only, so a block changes no scheduling decision and no
+# token; what it changes is paid once per block instead of once per step: the host's work, which on a 2-core CPU
+# takes its time from the step's compute threads (docs/benchmarks.md, "Host time at 64 running sequences"). Its
+# costs: the tokens of a block share one timestamp (RequestMetrics.token_times), and a sequence that stops on EOS or
+# a stop token inside a block has its slot computed for the rest of the block (counted as block_wasted_tokens).
+OFFLINE_NUM_SCHEDULER_STEPS = 8
+
 
 class LLM:
     """Offline batch generation on one engine. Options are LLMEngine's keywords (policy, max_num_seqs, ...);
     `data_parallel_size` > 1 serves with that many replicas behind a router (cbjax/data_parallel.py).
 
     `model` is anything LLMEngine takes; None (the default) is the packaged model (cbjax/assets, nothing downloaded).
+    Unlike LLMEngine, `num_scheduler_steps` defaults to OFFLINE_NUM_SCHEDULER_STEPS (blocks of decode steps); pass
+    num_scheduler_steps=1 for one step per dispatch.
     """
 
     def __init__(self, model=None, *, data_parallel_size: int = 1, **engine_options):
+        engine_options.setdefault("num_scheduler_steps", OFFLINE_NUM_SCHEDULER_STEPS)
         if check.integer("data_parallel_size", data_parallel_size, 1) == 1:
             self.engine = LLMEngine(model, **engine_options)
         else:  # replicas behind a router; router= and router_options= go with it (cbjax/data_parallel.py)

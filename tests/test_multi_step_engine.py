@@ -58,9 +58,20 @@ def test_sampled_and_stopped_requests_match_single_steps(model):
     stops = [sampling(i, stop_token_ids=[t[10]]) for i, t in enumerate(single)]
     engine = LLMEngine(model, num_scheduler_steps=4, **OPTS)
     assert generate(engine, prompts, params) == single
+    assert sum(s["block_wasted_tokens"] for s in engine.step_records) == 0  # (EOS ignored, no stop token)
+    first = len(engine.step_records)
     stopped = generate(engine, prompts, stops)
     assert stopped == [t[: t.index(t[10]) + 1] for t in single]
-    assert any(s["decode_steps"] > 1 for s in engine.step_records)
+    records = engine.step_records[first:]
+    assert any(s["decode_steps"] > 1 for s in records)
+    # Each stop inside a block leaves up to 3 of its steps computed for nothing, and they are counted.
+    assert 0 < sum(s["block_wasted_tokens"] for s in records) <= 3 * len(prompts)
+
+
+def test_the_offline_facade_runs_blocks_by_default_and_the_engine_does_not(model):
+    assert LLM(model, warmup="none", **OPTS).engine.config.num_scheduler_steps == 8
+    assert LLM(model, warmup="none", num_scheduler_steps=1, **OPTS).engine.config.num_scheduler_steps == 1
+    assert LLMEngine(model, warmup="none", **OPTS).config.num_scheduler_steps == 1
 
 
 def test_stream_deltas_of_blocks_concatenate_to_the_output(model):

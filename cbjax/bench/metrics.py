@@ -118,6 +118,8 @@ class StepRecord:
     # > 1: a block of this many decode steps in one dispatch (cbjax/core/multi_step.py); the other fields describe
     # its first step, and the summary counts it as that many steps of that shape.
     decode_steps: int = 1
+    # Tokens the block computed for sequences after they stopped inside it (EOS or a stop token): wasted work.
+    block_wasted_tokens: int = 0
     # Speculative decoding in this step: draft tokens verified and accepted, the sequences that verified drafts,
     # and both counts by draft position (index 0: the first draft of a sequence).
     spec_draft_tokens: int = 0
@@ -220,7 +222,8 @@ def step_summary(steps: Sequence[StepRecord]) -> dict[str, float]:
       scheduled_tokens_mean; padding_waste = 1 - sum(num_scheduled_tokens) / sum(padded_tokens);
       step_preemptions (sum); host_s, device_s (sums) and host_fraction / device_fraction of host_s + device_s;
       compiles (the counter's last value) and compiles_after_first_step (last - first: recompiles during the run);
-      swap_out_bytes, swap_in_bytes, swap_s, recomputed_tokens, prefix_queried_tokens, prefix_hit_tokens (sums)
+      swap_out_bytes, swap_in_bytes, swap_s, recomputed_tokens, prefix_queried_tokens, prefix_hit_tokens,
+      block_wasted_tokens (sums)
       and prefix_cache_hit_rate = prefix_hit_tokens / prefix_queried_tokens (NaN when nothing was looked up);
       speculative decoding (vLLM's definitions): spec_draft_tokens, spec_accepted_tokens (sums),
       spec_acceptance_rate = accepted / drafted, spec_mean_acceptance_length = 1 + accepted / verifying sequence-steps
@@ -300,7 +303,14 @@ def _speculation_summary(steps: Sequence[StepRecord]) -> dict:
     }
 
 
-_STEP_COUNTS = ("swap_out_bytes", "swap_in_bytes", "recomputed_tokens", "prefix_queried_tokens", "prefix_hit_tokens")
+_STEP_COUNTS = (
+    "swap_out_bytes",
+    "swap_in_bytes",
+    "recomputed_tokens",
+    "prefix_queried_tokens",
+    "prefix_hit_tokens",
+    "block_wasted_tokens",
+)
 
 
 def summarize(

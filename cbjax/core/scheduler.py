@@ -59,8 +59,7 @@ class Scheduler:
         self.running: list[Request] = []  # in admission order
         self._num_admissions = 0
         self.num_preemptions = 0
-        self.num_swapped_out_pages = 0
-        self.num_swapped_in_pages = 0
+        self.num_swapped_out_pages = self.num_swapped_in_pages = 0
         self.num_recomputed_tokens = 0  # computed tokens whose KV a recompute preemption dropped
 
     # ---- queue management -------------------------------------------------------------------------------------
@@ -410,6 +409,7 @@ class Scheduler:
                 if seq.samples_token:
                     reason = req.stop_reason(i, eos_token_id, max_len)
                     if reason is not None:
+                        out.num_wasted_tokens += seq.num_steps - 1 - step  # a block's steps past it (multi_step.py)
                         req.drop_outputs_after(i)
                         (self.running if req.status is RequestStatus.RUNNING else self.waiting).remove(req)
                         self._finish(req, reason, now)

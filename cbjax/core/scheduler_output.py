@@ -35,6 +35,9 @@ class SchedulerOutput:
     # > 1: a block of decode steps run in one dispatch (cbjax/core/multi_step.py); the runner returns a row of
     # tokens per step, and the first step is what `seqs` and `num_batched_tokens` describe.
     num_steps: int = 1
+    # Set by Scheduler.update: tokens this block computed for sequences after they stopped inside it (on EOS or a
+    # stop token; a length limit is planned for), whose results are dropped: the price of blocks.
+    num_wasted_tokens: int = 0
 
     @property
     def is_empty(self) -> bool:

@@ -23,7 +23,11 @@ def request(i: int, prompt_len: int, max_tokens: int, eos: bool = False) -> Requ
 def run(cfg: SchedulerConfig, reqs: list[Request], asynchronous: bool, arrivals: dict | None = None):
     """Schedule, run on the fake runner and update until everything finished; returns the SchedulerOutputs, each
     with the number of requests that waited when it was planned."""
-    s = Scheduler(cfg, VirtualClock())
+    return run_on(Scheduler(cfg, VirtualClock()), reqs, asynchronous, arrivals)
+
+
+def run_on(s: Scheduler, reqs: list[Request], asynchronous: bool, arrivals: dict | None = None):
+    cfg = s.config
     runner = FakeRunner(s, VOCAB)
     for r in reqs:
         s.add(r)
@@ -102,6 +106,22 @@ def test_a_block_stops_at_max_tokens_and_drops_what_follows_an_eos():
         assert sum(1 for out, _ in outs for q in out.seqs if q.request is r for _ in range(q.num_steps)) <= (
             r.params.max_tokens + 2  # (+ the steps an async schedule runs past a stop it has not seen yet)
         )
+
+
+def test_tokens_computed_past_a_stop_inside_a_block_are_counted():
+    # Synchronous, so the only tokens computed and dropped are a block's after an EOS (no async overrun).
+    reqs = [request(i, 4 + i, 60, eos=True) for i in range(12)]
+    s = Scheduler(config(num_scheduler_steps=8, max_num_seqs=12, max_model_len=128, num_pages=256), VirtualClock())
+    outs = run_on(s, reqs, False)
+    computed = {r.request_id: 0 for r in reqs}  # sampling steps each request ran
+    for out, _ in outs:
+        for q in out.seqs:
+            if q.samples_token:
+                computed[q.request.request_id] += q.num_steps
+    wasted = {r.request_id: computed[r.request_id] - len(r.output_token_ids) for r in reqs}
+    assert any(w > 0 for w in wasted.values()), "no request stopped inside a block: pick other prompts"
+    assert all(r.finish_reason.value == "stop" or wasted[r.request_id] == 0 for r in reqs)
+    assert sum(out.num_wasted_tokens for out, _ in outs) == sum(wasted.values())
 
 
 def test_no_block_when_the_pool_lacks_the_pages_for_it():

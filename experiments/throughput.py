@@ -2,10 +2,11 @@
 
   python -m experiments.throughput --workload WL.json --model llama-tiny [--max_num_seqs 256 ...]
 
-Greedy, EOS ignored, warmup (compiling every bucket) excluded from the timed region. Prints one JSON line
-{method, requests, output_tokens, wall_s, output_tok_per_s, ...} with the engine options used and a per-step
-profile (host vs device time, padding waste, compiles after warmup). With --repeats N the workload runs N times
-on the same engine and wall_s is the median.
+Greedy, EOS ignored (--noignore_eos: requests stop at EOS, for a trained model such as tinypy), warmup (compiling
+every bucket) excluded from the timed region. Prints one JSON line {method, requests, output_tokens, wall_s,
+output_tok_per_s, ...} with the engine options used and a per-step profile (host vs device time, padding waste,
+compiles after warmup, `block_wasted_tokens`: tokens blocks of decode steps computed past a stop). With --repeats
+N the workload runs N times on the same engine and wall_s is the median.
 
 --replay_device: after each timed run, that run's steps (their packed inputs, recorded) run again back to back
 with no host work in between. That is the device time the run needed; each run's 1 - device-only / wall is the
@@ -44,9 +45,12 @@ flags.DEFINE_string("matmul_dtype", None, "bfloat16: bf16 weights and matmul inp
 flags.DEFINE_string("kv_cache_dtype", "auto", "KV pages: auto | float32 | bfloat16 | int8 (docs/memory.md)")
 flags.DEFINE_string("attention_backend", "auto", "auto | pallas | xla")
 flags.DEFINE_bool("async_scheduling", True, "schedule step n+1 while step n runs")
-flags.DEFINE_integer("num_scheduler_steps", 1, "decode steps per dispatch where nothing waits (core/multi_step.py)")
+flags.DEFINE_integer(
+    "num_scheduler_steps", None, "decode steps per dispatch where nothing waits (core/multi_step.py); default: LLM's"
+)
 flags.DEFINE_integer("tensor_parallel_size", 1, "devices the weights and KV heads are split over (docs/scale.md)")
 flags.DEFINE_integer("data_parallel_size", 1, "engine replicas behind a router (docs/scale.md)")
+flags.DEFINE_bool("ignore_eos", True, "generate every max_new_tokens (the peers' protocol); False: stop at EOS")
 flags.DEFINE_integer("repeats", 1, "timed runs on the same engine; wall_s is their median")
 flags.DEFINE_bool("replay_device", False, "time the last run's steps again with no host work (device-only time)")
 flags.DEFINE_bool("host_split", False, "time the host's CPU per step by part (cbjax/bench/host_timers.py)")
@@ -78,13 +82,18 @@ def _replay(runner, inputs) -> float:
     return time.perf_counter() - t0
 
 
-def main(argv):
-    del argv
-    from cbjax import LLM, SamplingParams
-    from cbjax.bench.host_timers import HostTimers
-    from cbjax.bench.results import cpu_model
+def load_workload() -> tuple[list, list, list]:
+    """--workload's requests: (the JSON list, prompts, SamplingParams: greedy, EOS as --ignore_eos says)."""
+    from cbjax import SamplingParams
 
     wl = json.loads(pathlib.Path(FLAGS.workload).read_text())
+    prompts = [w["prompt_token_ids"] for w in wl]
+    params = [SamplingParams(max_tokens=w["max_new_tokens"], temperature=0.0, ignore_eos=FLAGS.ignore_eos) for w in wl]
+    return wl, prompts, params
+
+
+def engine_options(wl: list) -> dict:
+    """The engine's options from the flags (the peers' defaults), every program built before the timed runs."""
     max_len = max(len(w["prompt_token_ids"]) + w["max_new_tokens"] for w in wl)
     opts = dict(
         policy=FLAGS.policy,
@@ -99,16 +108,26 @@ def main(argv):
         kv_cache_dtype=FLAGS.kv_cache_dtype,
         attention_backend=FLAGS.attention_backend,
         async_scheduling=FLAGS.async_scheduling,
-        num_scheduler_steps=FLAGS.num_scheduler_steps,
         tensor_parallel_size=FLAGS.tensor_parallel_size,
         warmup="full",  # every step program built before the timed runs
     )
+    if FLAGS.num_scheduler_steps is not None:
+        opts["num_scheduler_steps"] = FLAGS.num_scheduler_steps
+    return opts
+
+
+def main(argv):
+    del argv
+    from cbjax import LLM
+    from cbjax.bench.host_timers import HostTimers
+    from cbjax.bench.results import cpu_model
+
+    wl, prompts, params = load_workload()
+    opts = engine_options(wl)
     t = time.perf_counter()
     llm = LLM(FLAGS.model, data_parallel_size=FLAGS.data_parallel_size, **opts)
     setup_s = time.perf_counter() - t
     engine = llm.engine
-    prompts = [w["prompt_token_ids"] for w in wl]
-    params = [SamplingParams(max_tokens=w["max_new_tokens"], temperature=0.0, ignore_eos=True) for w in wl]
     compiles_before = engine.num_compiles
     walls, outs, replays, host_busy = [], None, [], []
     inputs = _record_inputs(engine.runner) if FLAGS.replay_device else None
@@ -147,6 +166,7 @@ def main(argv):
         "warmup_s": round(engine.warmup_s, 1),
         "steps": len(steps),  # dispatches: a block of decode steps counts once
         "decode_blocks": sum(1 for s in steps if s["decode_steps"] > 1),
+        "block_wasted_tokens": sum(s["block_wasted_tokens"] for s in steps),
         "host_ms_per_step": round(1e3 * statistics.mean(host), 3),  # per dispatch (a block of steps counts once)
         "host_busy_share": round(statistics.median(host_busy), 4),
         "host_busy_share_runs": [round(h, 4) for h in host_busy],
@@ -156,7 +176,7 @@ def main(argv):
         "preemptions": sum(s["num_preemptions"] for s in steps),
         "compiles_warmup": compiles_before,
         "compiles_after_warmup": engine.num_compiles - compiles_before,
-        **{k: v for k, v in engine.config.__dict__.items() if k in opts or k == "num_pages"},
+        **{k: v for k, v in engine.config.__dict__.items() if k in opts or k in ("num_pages", "num_scheduler_steps")},
         "cpu": cpu_model(),
     }
     if splits:

@@ -1,16 +1,18 @@
 """StepPacker: each step's input, advanced from the previous step's when the batch did not change.
 
 In the steady state of decoding the same sequences decode step after step, in the same order: each moves one
-position on, its input token is the one the previous step sampled (still on the device with asynchronous
-scheduling), and its page-table row changes only when it gets a new page. Packing such a step from scratch
+position on (or as many as it ran in the previous block of decode steps, cbjax/core/multi_step.py), its input
+token is the one the previous step sampled (still on the device with asynchronous scheduling), and its page-table
+row changes only when it gets a new page. Packing such a step from scratch
 (pack_step) costs ~30 numpy calls and reads every sequence's token and page lists; inside a run on 2 cores each
 numpy call costs several times what it costs alone (the step's threads share the cores and caches), and
 pack_step was over a quarter of the host's work per step at 64 sequences of llama-tiny (docs/benchmarks.md,
 "Host time at 64 running sequences", `experiments.throughput --host_split`). Advancing adds one vector to the
-previous step's int32 buffer (positions, context lengths, slot mappings and sampling counters move by one) and
-writes by hand only what moved otherwise: the slot mapping of a sequence entering a new page, a page-table row
-that gained or lost pages, the input tokens where they are not all pending. Any other step (a sequence joins,
-leaves or is preempted, a prefill chunk, drafts, a block of decode steps) is packed from scratch.
+previous step's int32 buffer (positions, context lengths, slot mappings and sampling counters move by the steps
+each slot ran) and writes by hand only what moved otherwise: the slot mapping of a sequence entering a new page, a
+page-table row that gained or lost pages, the input tokens where they are not all pending, a block's steps per
+slot. Any other step (a sequence joins, leaves or is preempted, a prefill chunk, drafts, a block after a single
+step or the other way round) is packed from scratch.
 
 Buffers are never changed once handed out: the previous step may still be reading its input (jax can alias a
 numpy array on the CPU), so an advanced step gets a new buffer. The result equals pack_step's, field for field
@@ -29,7 +31,8 @@ from cbjax.runner.step_input import BucketTable, pack_step
 
 @dataclasses.dataclass(slots=True)
 class _DecodeBatch:
-    """The last packed step, when every one of its sequences was a plain decode (slot i = out.seqs[i])."""
+    """The last packed step, when every one of its sequences was a plain decode (slot i = out.seqs[i]), or a block
+    of them."""
 
     inp: FlatStepInput
     order: list[int]  # 0..n-1
@@ -38,6 +41,7 @@ class _DecodeBatch:
     page_lists: list[list[int]]  # each request's page list then (the list object: the scheduler may replace it)
     num_pages: list[int]
     num_dropped: list[int]
+    steps: list[int]  # the decode steps each slot ran (1, or its steps in a block)
     tokens_pending: bool  # every input token was the previous step's pending sample (token_src[:n] = 0..n-1)
 
 
@@ -56,7 +60,7 @@ class StepPacker:
     def pack(self, out: SchedulerOutput, verify: bool = False) -> tuple[FlatStepInput, list[int]]:
         """The step's input and `order` (slot i holds out.seqs[order[i]]), as pack_step returns them."""
         last, self._last = self._last, None
-        advanced = None if last is None or verify or out.num_steps > 1 else self._advance(out, last)
+        advanced = None if last is None or verify else self._advance(out, last)
         if advanced is not None:
             self.num_advanced += 1
             self._last = advanced
@@ -66,7 +70,7 @@ class StepPacker:
         seqs = out.seqs
         self.prev_slot_of = {seqs[j].request: i for i, j in enumerate(order) if seqs[j].samples_token}
         n = len(seqs)
-        if not verify and out.num_steps == 1 and out.num_batched_tokens == n and len(self.prev_slot_of) == n:
+        if not verify and out.num_batched_tokens == n and len(self.prev_slot_of) == n:
             reqs = [s.request for s in seqs]  # all decodes, so order is 0..n-1
             pages = [r.pages for r in reqs]
             self._last = _DecodeBatch(
@@ -77,25 +81,29 @@ class StepPacker:
                 pages,
                 [len(p) for p in pages],
                 [r.num_dropped_pages for r in reqs],
+                [s.num_steps for s in seqs],
                 tokens_pending=False,  # (pack_step's token_src holds the slots of the step before)
             )
         return flat, order
 
     def _advance(self, out: SchedulerOutput, last: _DecodeBatch) -> _DecodeBatch | None:
-        """`out` as the last step moved one token on, or None if it is not that (then it is packed from scratch)."""
+        """`out` as the last step moved on by the steps it ran, or None if it is not that (then it is packed from
+        scratch)."""
         seqs, reqs = out.seqs, last.requests
-        n = len(seqs)
-        if n != len(reqs) or out.num_batched_tokens != n:
-            return None
+        n, blocks, ran = len(seqs), out.num_steps > 1, last.steps[0]
+        if n != len(reqs) or out.num_batched_tokens != n or blocks != last.inp.layout.blocks:
+            return None  # (a block and a single step are inputs of different programs)
+        if last.steps.count(ran) != n:
+            return None  # a slot that ran fewer of the block's steps than another has finished: never the same batch
         G = self.buckets.page_size
         computed, page_lists, num_pages, num_dropped = last.computed, last.page_lists, last.num_pages, last.num_dropped
         new_computed, tokens, new_page, changed_rows = [], [], [], []
         for i, s in enumerate(seqs):
             r = s.request
             c = s.num_computed_tokens
-            # The same request in the same slot, one decode token further, sampling (a decode's chunk always
-            # reaches the end of its context), with no drafts.
-            if r is not reqs[i] or c != computed[i] + 1 or s.num_new_tokens != 1 or not s.samples_token:
+            # The same request in the same slot, as many decode tokens further as it ran, sampling (a decode's
+            # chunk always reaches the end of its context), with no drafts.
+            if r is not reqs[i] or c != computed[i] + ran or s.num_new_tokens != 1 or not s.samples_token:
                 return None
             if s.draft_token_ids:
                 return None
@@ -104,11 +112,11 @@ class StepPacker:
             pages = r.pages
             if pages is not page_lists[i] or len(pages) != num_pages[i] or r.num_dropped_pages != num_dropped[i]:
                 changed_rows.append(i)
-            if c % G == 0:  # position c opens a page: its slot is not the last one + 1
-                new_page.append((i, pages[c // G - r.num_dropped_pages] * G))
+            if c // G != (c - ran) // G:  # position c is in another page: its slot is not the last one + ran
+                new_page.append((i, pages[c // G - r.num_dropped_pages] * G + c % G))
         layout = last.inp.layout
         off = layout.offsets
-        ints = last.inp.ints + self._advancing_vector(layout, n)
+        ints = last.inp.ints + self._advancing_vector(layout, n, ran)
         sm = off["slot_mapping"]
         for i, slot in new_page:
             ints[sm + i] = slot
@@ -121,6 +129,10 @@ class StepPacker:
                 ints[row : row + W] = self.pad_page
                 ints[row + first : row + first + k] = r.pages
                 page_lists[i], num_pages[i], num_dropped[i] = r.pages, k, first
+        steps = [s.num_steps for s in seqs]
+        if blocks:
+            at = off["decode_steps"]
+            ints[at : at + n] = steps
         pending = tokens.count(PENDING_TOKEN) == n
         if not (pending and last.tokens_pending):
             ids, src = off["token_ids"], off["token_src"]
@@ -129,14 +141,14 @@ class StepPacker:
             ints[ids : ids + n] = np.where(is_pending, 0, known)
             ints[src : src + n] = np.where(is_pending, np.arange(n, dtype=np.int32), -1)  # last step's slot i: i
         inp = FlatStepInput(ints, last.inp.floats, layout)
-        return _DecodeBatch(inp, last.order, reqs, new_computed, page_lists, num_pages, num_dropped, pending)
+        return _DecodeBatch(inp, last.order, reqs, new_computed, page_lists, num_pages, num_dropped, steps, pending)
 
-    def _advancing_vector(self, layout, n: int) -> np.ndarray:
-        """+1 at every slot's position, context length, slot mapping and sampling counter (for slots < n)."""
+    def _advancing_vector(self, layout, n: int, k: int) -> np.ndarray:
+        """+k at every slot's position, context length, slot mapping and sampling counter (for slots < n)."""
         if self._delta is None or self._delta[:2] != (layout, n):
             delta = np.zeros(layout.num_ints, np.int32)
             for name in ("positions", "slot_mapping", "kv_lens", "counters"):
                 at = layout.offsets[name]
                 delta[at : at + n] = 1
             self._delta = (layout, n, delta)
-        return self._delta[2]
+        return self._delta[2] if k == 1 else self._delta[2] * k

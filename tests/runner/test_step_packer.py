@@ -102,6 +102,10 @@ def test_blocks_of_decode_steps_are_packed_like_pack_step():
     cfg = SchedulerConfig(
         max_num_seqs=2, max_num_batched_tokens=16, page_size=4, num_pages=64, max_model_len=40, num_scheduler_steps=4
     )
-    check = CheckedPacker(cfg)
-    run_case(Case(cfg, {}, [(0, [1, 2, 3], 12, 0, "a", None, None)] * 2), check)
-    assert any(flat.layout.blocks for flat, _ in check.handed_out)
+    for asynchronous in (False, True):
+        check = CheckedPacker(cfg)
+        run_case(Case(cfg, {}, [(0, [1, 2, 3], 30, 0, "a", None, None)] * 2, asynchronous=asynchronous), check)
+        blocks = sum(flat.layout.blocks for flat, _ in check.handed_out)
+        # Every block after the first of a run of blocks is advanced from the one before, page boundaries included
+        # (4 tokens a page, blocks of 4 steps: each block opens a page somewhere inside it or at its start).
+        assert blocks >= 6 and check.packer.num_advanced >= blocks - 2, (blocks, check.packer.num_advanced)

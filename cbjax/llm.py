@@ -13,8 +13,8 @@ from cbjax.engine import LLMEngine
 # arrives during `generate` and it returns final outputs only, so a block changes no scheduling decision and no
 # token; what it changes is paid once per block instead of once per step: the host's work, which on a 2-core CPU
 # takes its time from the step's compute threads (docs/benchmarks.md, "Host time at 64 running sequences"). Its
-# costs: the tokens of a block share one timestamp (RequestMetrics.token_times), and a sequence that stops on EOS or
-# a stop token inside a block has its slot computed for the rest of the block (counted as block_wasted_tokens).
+# costs: the tokens of a block share one timestamp (RequestMetrics.token_times), and a slot whose sequence stopped
+# (on EOS or a stop token) or has no more steps is computed till the block's end (counted: block_wasted_tokens).
 OFFLINE_NUM_SCHEDULER_STEPS = 8
 
 

@@ -5,7 +5,7 @@
 Greedy, EOS ignored (--noignore_eos: requests stop at EOS, for a trained model such as tinypy), warmup (compiling
 every bucket) excluded from the timed region. Prints one JSON line {method, requests, output_tokens, wall_s,
 output_tok_per_s, ...} with the engine options used and a per-step profile (host vs device time, padding waste,
-compiles after warmup, `block_wasted_tokens`: tokens blocks of decode steps computed past a stop). With --repeats
+compiles after warmup, `block_wasted_tokens`: rows blocks of decode steps computed for nothing). With --repeats
 N the workload runs N times on the same engine and wall_s is the median.
 
 --replay_device: after each timed run, that run's steps (their packed inputs, recorded) run again back to back

@@ -118,7 +118,7 @@ class StepRecord:
     # > 1: a block of this many decode steps in one dispatch (cbjax/core/multi_step.py); the other fields describe
     # its first step, and the summary counts it as that many steps of that shape.
     decode_steps: int = 1
-    # Tokens the block computed for sequences after they stopped inside it (EOS or a stop token): wasted work.
+    # Rows the block computed for nothing: slots idle past their last step, or past a stop inside the block.
     block_wasted_tokens: int = 0
     # Speculative decoding in this step: draft tokens verified and accepted, the sequences that verified drafts,
     # and both counts by draft position (index 0: the first draft of a sequence).

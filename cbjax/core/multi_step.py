@@ -14,10 +14,11 @@ now. A sequence gets as many steps as its max_tokens and max_model_len allow, up
 limit); the block is as long as its longest sequence's steps (at least 2), and a sequence with fewer leaves its
 slot idle for the rest of the block (nothing waits that could take it).
 What differs from single steps: a sequence that stops on EOS or a stop token inside a block computes (and drops)
-the rest of the block's tokens (counted in SchedulerOutput.num_wasted_tokens), as asynchronous scheduling already
-does for one step; its tokens reach the host together at the end of the block (streaming deltas of up to N
-tokens, inter-token latencies of 0 within them); and a request arriving during a block waits for its end. Hence
-on for the offline LLM facade (cbjax/llm.py: nothing arrives, final outputs only) and off in LLMEngine.
+the rest of the block's tokens, as asynchronous scheduling already does for one step (those rows, and those of
+slots idle past their steps, are counted in SchedulerOutput.num_wasted_tokens); its tokens reach the host together
+at the end of the block (streaming deltas of up to N tokens, inter-token latencies of 0 within them); and a
+request arriving during a block waits for its end. Hence on for the offline LLM facade (cbjax/llm.py: nothing
+arrives, final outputs only) and off in LLMEngine.
 
 Kept out of scheduler.py, which calls `plan_decode_steps` with itself as `sched` (not imported here).
 """
@@ -77,3 +78,4 @@ def plan_decode_steps(sched, out: SchedulerOutput) -> None:
             req.num_computed_tokens += 1
             req.append_pending_token()
     out.num_steps = max(steps)
+    out.num_wasted_tokens = sum(out.num_steps - k for k in steps)  # rows of slots idle past their last step

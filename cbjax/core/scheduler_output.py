@@ -35,8 +35,8 @@ class SchedulerOutput:
     # > 1: a block of decode steps run in one dispatch (cbjax/core/multi_step.py); the runner returns a row of
     # tokens per step, and the first step is what `seqs` and `num_batched_tokens` describe.
     num_steps: int = 1
-    # Set by Scheduler.update: tokens this block computed for sequences after they stopped inside it (on EOS or a
-    # stop token; a length limit is planned for), whose results are dropped: the price of blocks.
+    # A block's rows computed for nothing, the price of blocks: those of slots idle past their last step (set when
+    # it is planned) and those of sequences that stopped inside it on EOS or a stop token (added at update).
     num_wasted_tokens: int = 0
 
     @property

@@ -41,7 +41,9 @@ class _DecodeBatch:
     page_lists: list[list[int]]  # each request's page list then (the list object: the scheduler may replace it)
     num_pages: list[int]
     num_dropped: list[int]
-    steps: list[int]  # the decode steps each slot ran (1, or its steps in a block)
+    # The decode steps every slot ran (1, or the block's length); 0 when the slots of a block ran different numbers
+    # of steps: a slot that ran fewer has finished, so the next step is never this batch moved on.
+    ran: int
     tokens_pending: bool  # every input token was the previous step's pending sample (token_src[:n] = 0..n-1)
 
 
@@ -81,7 +83,7 @@ class StepPacker:
                 pages,
                 [len(p) for p in pages],
                 [r.num_dropped_pages for r in reqs],
-                [s.num_steps for s in seqs],
+                _steps_run(out),
                 tokens_pending=False,  # (pack_step's token_src holds the slots of the step before)
             )
         return flat, order
@@ -90,11 +92,9 @@ class StepPacker:
         """`out` as the last step moved on by the steps it ran, or None if it is not that (then it is packed from
         scratch)."""
         seqs, reqs = out.seqs, last.requests
-        n, blocks, ran = len(seqs), out.num_steps > 1, last.steps[0]
-        if n != len(reqs) or out.num_batched_tokens != n or blocks != last.inp.layout.blocks:
-            return None  # (a block and a single step are inputs of different programs)
-        if last.steps.count(ran) != n:
-            return None  # a slot that ran fewer of the block's steps than another has finished: never the same batch
+        n, blocks, ran = len(seqs), out.num_steps > 1, last.ran
+        if n != len(reqs) or out.num_batched_tokens != n or blocks != last.inp.layout.blocks or not ran:
+            return None  # (a block and a single step are inputs of different programs; `ran` 0: _DecodeBatch.ran)
         G = self.buckets.page_size
         computed, page_lists, num_pages, num_dropped = last.computed, last.page_lists, last.num_pages, last.num_dropped
         new_computed, tokens, new_page, changed_rows = [], [], [], []
@@ -129,10 +129,9 @@ class StepPacker:
                 ints[row : row + W] = self.pad_page
                 ints[row + first : row + first + k] = r.pages
                 page_lists[i], num_pages[i], num_dropped[i] = r.pages, k, first
-        steps = [s.num_steps for s in seqs]
         if blocks:
             at = off["decode_steps"]
-            ints[at : at + n] = steps
+            ints[at : at + n] = [s.num_steps for s in seqs]
         pending = tokens.count(PENDING_TOKEN) == n
         if not (pending and last.tokens_pending):
             ids, src = off["token_ids"], off["token_src"]
@@ -141,6 +140,7 @@ class StepPacker:
             ints[ids : ids + n] = np.where(is_pending, 0, known)
             ints[src : src + n] = np.where(is_pending, np.arange(n, dtype=np.int32), -1)  # last step's slot i: i
         inp = FlatStepInput(ints, last.inp.floats, layout)
+        steps = _steps_run(out) if blocks else 1  # (single steps: always 1, no pass over the sequences)
         return _DecodeBatch(inp, last.order, reqs, new_computed, page_lists, num_pages, num_dropped, steps, pending)
 
     def _advancing_vector(self, layout, n: int, k: int) -> np.ndarray:
@@ -152,3 +152,9 @@ class StepPacker:
                 delta[at : at + n] = 1
             self._delta = (layout, n, delta)
         return self._delta[2] if k == 1 else self._delta[2] * k
+
+
+def _steps_run(out: SchedulerOutput) -> int:
+    """The decode steps every sequence of `out` runs, or 0 when they differ (see _DecodeBatch.ran)."""
+    k = out.num_steps
+    return k if all(s.num_steps == k for s in out.seqs) else 0

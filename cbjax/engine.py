@@ -34,7 +34,7 @@ from cbjax.runner.model_runner import ModelRunner
 from cbjax.runner.sharding import make_mesh
 from cbjax.runner.step_handle import StepHandle
 from cbjax.runner.step_input import BucketTable
-from cbjax.sim import RooflineCost, SimRunner, load_profile
+from cbjax.sim import SimRunner, engine_cost_model
 from kernels_pallas.dispatch import resolve_backend
 
 
@@ -70,7 +70,7 @@ class LLMEngine:
             self.clock = VirtualClock() if clock is None else clock
             self.compilation_cache_dir = None
             self.model, self.tokenizer, mcfg = None, *self._model_config(model, cfg)
-            cost_model = cost_model if cost_model is not None else sim_cost_model(cfg, mcfg)
+            cost_model = engine_cost_model(cfg, mcfg, cost_model)
         else:
             if cost_model is not None:
                 raise ValueError("cost_model is for runner='sim' only")
@@ -437,14 +437,3 @@ class LLMEngine:
     def abort_all(self) -> None:
         for rid in [rid for rid, req in self.requests.items() if not req.is_finished]:
             self.abort_request(rid)
-
-
-def sim_cost_model(cfg: EngineConfig, mcfg: ModelConfig):
-    """The cost model of a simulating engine's options: its profile file, or its accelerator's roofline."""
-    if cfg.sim_profile is not None:
-        return load_profile(cfg.sim_profile)
-    if cfg.sim_accelerator is not None:
-        return RooflineCost.for_model(
-            mcfg, cfg.sim_accelerator, num_chips=cfg.sim_num_chips, kv_cache_dtype=cfg.kv_cache_dtype
-        )
-    raise ValueError("runner='sim' needs sim_profile (a cost-model profile) or sim_accelerator (a roofline)")

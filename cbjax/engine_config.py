@@ -77,6 +77,9 @@ class EngineConfig:
     sim_profile: str | None = None  # sim: a cost-model profile (JSON, e.g. from experiments/calibrate.py)
     sim_accelerator: str | None = None  # sim without a profile: the roofline of this accelerator (cbjax.sim.roofline)
     sim_num_chips: int = 1  # sim_accelerator: chips in tensor parallel (communication taken as free)
+    # sim: every step's time times this (cbjax.sim.ScaledCost): a slower (> 1) or faster machine, or how much a
+    # result moves with the cost model's error.
+    sim_step_time_scale: float = 1.0
     # Speculative decoding (cbjax/core/speculative_config.py, docs/speculative.md): None (off), or a dict such as
     # {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}.
     speculative_config: SpeculativeConfig | dict | None = None
@@ -119,6 +122,7 @@ class EngineConfig:
             sim_profile=None if self.sim_profile is None else check.text("sim_profile", self.sim_profile),
             sim_accelerator=check.choice("sim_accelerator", self.sim_accelerator, (None, *ACCELERATORS)),
             sim_num_chips=check.integer("sim_num_chips", self.sim_num_chips, 1),
+            sim_step_time_scale=check.real("sim_step_time_scale", self.sim_step_time_scale, 0.0, low_open=True),
             speculative_config=SpeculativeConfig.from_option(self.speculative_config),
         )
         for name, value in normal.items():

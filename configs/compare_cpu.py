@@ -70,6 +70,7 @@ def get_config() -> ml_collections.ConfigDict:
     sim.profile = config_dict.placeholder(str)  # a cost-model profile (JSON) from python -m experiments.calibrate
     sim.accelerator = config_dict.placeholder(str)  # or the roofline of: h100 | h200 | tpu-v5e | tpu-v6e
     sim.num_chips = 1  # accelerator: chips in tensor parallel (communication taken as free)
+    sim.step_time_scale = 1.0  # every step's time times this: a slower (> 1) or faster machine
 
     # Client-side batching for the `time_window` entry (its engine runs policy static with timeout 0).
     tw = c.time_window = ml_collections.ConfigDict()

@@ -93,6 +93,7 @@ def engine_options(cfg, name: str):
             sim_profile=sim.get("profile"),
             sim_accelerator=sim.get("accelerator"),
             sim_num_chips=sim.get("num_chips", 1),
+            sim_step_time_scale=sim.get("step_time_scale", 1.0),
         )
     return plan, options
 

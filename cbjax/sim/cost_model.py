@@ -5,6 +5,8 @@ JSON profile (`to_dict` / `from_dict`); `load_profile` reads any of them back.
 - ReplayCost: the i-th step costs the i-th recorded time (replaying a measured run step for step).
 - CalibratedCost (cbjax.sim.calibrated): fitted to the real engine's measured steps.
 - RooflineCost (cbjax.sim.roofline): a named accelerator's peak FLOP/s and HBM bandwidth; a prediction.
+- ScaledCost: another cost model's times times a factor (a slower or faster machine; how much a result moves
+  with the cost model's error).
 """
 
 import json
@@ -70,11 +72,38 @@ class ReplayCost:
         return cls(d["times"])
 
 
+class ScaledCost:
+    """`base`'s step time times `factor`: the same machine `factor` times slower (> 1) or faster (< 1) on every
+    step. What-if studies, and the sensitivity of a simulated figure to the cost model's error
+    (experiments/sim_fidelity.py)."""
+
+    kind = "scaled"
+
+    def __init__(self, base: CostModel, factor: float):
+        if not factor > 0:
+            raise ValueError(f"ScaledCost needs factor > 0, got {factor}")
+        self.base, self.factor = base, float(factor)
+        if hasattr(base, "kv_pages"):
+            # A roofline's KV memory (its HBM after the weights): scaling time does not change it. The engine asks
+            # hasattr(cost_model, "kv_pages"), so it is there only where the base has it.
+            self.kv_pages = base.kv_pages
+
+    def step_time(self, f: StepFeatures) -> float:
+        return self.factor * self.base.step_time(f)
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "factor": self.factor, "base": self.base.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ScaledCost":
+        return cls(cost_model_from_dict(d["base"]), d["factor"])
+
+
 def cost_model_from_dict(d: dict) -> CostModel:
     from cbjax.sim.calibrated import CalibratedCost
     from cbjax.sim.roofline import RooflineCost
 
-    kinds = {c.kind: c for c in (FixedCost, ReplayCost, CalibratedCost, RooflineCost)}
+    kinds = {c.kind: c for c in (FixedCost, ReplayCost, CalibratedCost, RooflineCost, ScaledCost)}
     kind = d.get("kind") if isinstance(d, dict) else None
     if kind not in kinds:
         raise ValueError(f"a cost-model profile needs 'kind' in {sorted(kinds)}, got {kind!r}")
@@ -100,3 +129,21 @@ def save_profile(model: CostModel, path: str, meta: dict | None = None) -> None:
     with open(path, "w") as f:
         json.dump(d, f, indent=1, sort_keys=True)
         f.write("\n")
+
+
+def engine_cost_model(cfg, mcfg, given: CostModel | None = None) -> CostModel:
+    """The cost model of a simulating engine with options `cfg` (an EngineConfig) and model shapes `mcfg`: `given`,
+    else its sim_profile file, else its sim_accelerator's roofline; times its sim_step_time_scale."""
+    from cbjax.sim.roofline import RooflineCost
+
+    if given is not None:
+        cost = given
+    elif cfg.sim_profile is not None:
+        cost = load_profile(cfg.sim_profile)
+    elif cfg.sim_accelerator is not None:
+        cost = RooflineCost.for_model(
+            mcfg, cfg.sim_accelerator, num_chips=cfg.sim_num_chips, kv_cache_dtype=cfg.kv_cache_dtype
+        )
+    else:
+        raise ValueError("runner='sim' needs sim_profile (a cost-model profile) or sim_accelerator (a roofline)")
+    return cost if cfg.sim_step_time_scale == 1.0 else ScaledCost(cost, cfg.sim_step_time_scale)

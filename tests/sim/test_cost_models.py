@@ -11,6 +11,7 @@ from cbjax.sim import (
     FixedCost,
     ReplayCost,
     RooflineCost,
+    ScaledCost,
     StepFeatures,
     calibrated,
     load_profile,
@@ -113,6 +114,7 @@ def test_unseen_buckets_are_interpolated_in_the_bucket_size():
         ReplayCost([0.1, 0.2]),
         CalibratedCost({16: 1e-3, 0: 2e-4}, {"num_seqs": 1e-5}, {"num_steps": 3}),
         RooflineCost.for_model(get_model_config("llama-7b"), "tpu-v5e", num_chips=4, overhead_s=2e-3),
+        ScaledCost(CalibratedCost({16: 1e-3, 0: 2e-4}, {"num_seqs": 1e-5}), 1.5),
     ],
 )
 def test_profiles_round_trip_through_json(tmp_path, model):
@@ -122,6 +124,20 @@ def test_profiles_round_trip_through_json(tmp_path, model):
     assert type(back) is type(model)
     f = StepFeatures(padded_tokens=16, num_tokens=10, num_seqs=3, sum_context=500, attention_pairs=900.0)
     assert back.step_time(f) == model.step_time(f)
+
+
+def test_a_scaled_cost_multiplies_every_step_and_keeps_the_accelerators_memory():
+    base = RooflineCost.for_model(get_model_config("llama-7b"), "h200")
+    scaled = ScaledCost(base, 1.25)
+    for f in (
+        StepFeatures(padded_tokens=16, num_tokens=3, num_seqs=3, sum_context=900, attention_pairs=900.0),
+        StepFeatures(padded_tokens=256, num_tokens=256, num_seqs=1, sum_context=256, attention_pairs=3e4),
+    ):
+        assert scaled.step_time(f) == pytest.approx(1.25 * base.step_time(f))
+    assert scaled.kv_pages(16) == base.kv_pages(16)
+    assert not hasattr(ScaledCost(FixedCost(0.1), 2.0), "kv_pages")  # only where the base model has a memory
+    with pytest.raises(ValueError, match="factor > 0"):
+        ScaledCost(base, 0.0)
 
 
 def test_a_bad_profile_is_a_value_error(tmp_path):

@@ -76,6 +76,25 @@ def test_blocks_of_decode_steps_on_the_simulator():
     assert done[1] == done[4] and len(done[4]["b"]) == 6 and len(done[4]["a"]) == 21
 
 
+def test_the_step_time_scale_stretches_time_and_changes_no_decision():
+    """Offline fcfs decides nothing by the clock, so twice the step time gives the same batches at twice the
+    times; with a roofline, the KV pool is the accelerator's still."""
+    wl = make_workload(dict(kind="mixed", num_requests=40, seed=1, arrival="offline", scale=0.125,
+                            vocab_size=32000, max_model_len=1024))  # fmt: skip
+    (_, one), (_, two) = run("fcfs", wl), run("fcfs", wl, sim_step_time_scale=2.0)
+
+    def batches(res):
+        return [(s.num_scheduled_seqs, s.num_scheduled_tokens, s.padded_tokens, s.kv_pages_used) for s in res.steps]
+
+    assert batches(one) == batches(two) and len(one.steps) > 10
+    assert [2 * s.time for s in one.steps] == pytest.approx([s.time for s in two.steps])
+    assert [2 * r.finished_time for r in one.requests] == pytest.approx([r.finished_time for r in two.requests])
+    big = LLMEngine("llama-7b", runner="sim", sim_accelerator="h200", max_model_len=4096, sim_step_time_scale=3.0)
+    assert big.config.num_pages == RooflineCost.for_model(big.model_config, "h200").kv_pages(16)
+    with pytest.raises(ValueError, match="sim_step_time_scale must be"):
+        EngineConfig(runner="sim", sim_step_time_scale=0.0)
+
+
 def test_the_roofline_sizes_the_kv_pool_from_the_accelerators_memory():
     engine = LLMEngine("llama-7b", runner="sim", sim_accelerator="h200", max_model_len=4096)
     expected = RooflineCost.for_model(engine.model_config, "h200").kv_pages(16)

@@ -149,7 +149,7 @@ def run_case(name: str, profile: str | None, workload: list, options: dict) -> t
     from cbjax.sim import CalibratedCost, load_profile
     from experiments.measured_steps import measure
 
-    out, first_steps, rounds = {"real_runs": []}, None, ([], [])
+    out, run_steps, rounds = {"real_runs": []}, [], ([], [])
     for _ in range(FLAGS.real_repeats):
         if profile is None:
             cal = calibration_round(name, len(out["real_runs"]))
@@ -160,15 +160,40 @@ def run_case(name: str, profile: str | None, workload: list, options: dict) -> t
         feats, times, res = measure(engine, workload)
         del engine
         out["real_runs"].append(summary(res))
-        first_steps = first_steps or (feats, times)
+        run_steps.append((feats, times))
     cost = CalibratedCost.fit(*rounds) if profile is None else load_profile(profile)
     out["profile"] = profile or save_case_profile(name, cost)
     out["real"] = out["real_runs"][0]
     # The median real run, metric by metric (with >= 3 runs, one slow or fast sitting does not set it).
     out["real_median"] = {k: statistics.median(r[k] for r in out["real_runs"]) for k in METRICS}
     out["real_spread"] = [{k: r[k] / out["real"][k] - 1 for k in METRICS} for r in out["real_runs"][1:]]
-    compare(out, "", simulate(FLAGS.model, workload, options, cost), first_steps, cost)
-    return out, first_steps, rounds
+    compare(out, "", simulate(FLAGS.model, workload, options, cost), run_steps[0], cost)
+    out.update(drift_diagnostics(workload, options, cost, out, run_steps))
+    return out, run_steps[0], rounds
+
+
+def drift_diagnostics(workload: list, options: dict, cost, out: dict, run_steps: list) -> dict:
+    """Where a simulator's error comes from, on this case (a diagnostic beside the errors, never instead of them):
+
+    - "run_speeds": each real run's measured time over the profile's prediction on that run's own steps, i.e. how
+      fast the machine ran during that run relative to its calibration (1 + the run's step-time error).
+    - "elasticity": how many percent each simulated metric moves per percent on every step's time (the
+      simulator with the profile times 0.95 and 1.05). A metric with elasticity E needs the step times within
+      10% / E for a 10% error: the queue's amplification of the machine's drift.
+    - "speed_matched": each real run against the simulator at that run's own speed (the profile times its
+      run_speed: one number per run, taken from the run itself), the errors per run. What remains is the cost
+      model's shape and the schedule, with the machine's overall speed during the run taken out."""
+    from cbjax.sim import ScaledCost
+
+    speeds = [sum(times) / sum(map(cost.step_time, feats)) for feats, times in run_steps]
+    lo, hi = (simulate(FLAGS.model, workload, options, ScaledCost(cost, f)) for f in (0.95, 1.05))
+    base = out["sim"]
+    elasticity = {k: (hi[k] - lo[k]) / (0.10 * base[k]) for k in METRICS}
+    matched = []
+    for speed, real in zip(speeds, out["real_runs"], strict=True):
+        sim = simulate(FLAGS.model, workload, options, ScaledCost(cost, speed))
+        matched.append({k: sim[k] / real[k] - 1 for k in METRICS})
+    return dict(run_speeds=speeds, elasticity=elasticity, speed_matched=matched)
 
 
 def table(results: dict, errors: str, step_key: str | None, title: str) -> str:
@@ -203,6 +228,30 @@ def against_real_range(results: dict) -> str:
     return "\n".join(lines)
 
 
+def drift_tables(results: dict) -> str:
+    """The drift diagnostics of each case (drift_diagnostics), where the results have them."""
+    cases = {n: r for n, r in results.items() if "speed_matched" in r}
+    if not cases:
+        return ""
+
+    def metric_table(title: str, cell) -> list[str]:
+        head = ["", title, "", "| case | " + " | ".join(METRICS) + " |", "|" + "---|" * (len(METRICS) + 1)]
+        return head + [f"| {n} | " + " | ".join(cell(r, k) for k in METRICS) + " |" for n, r in cases.items()]
+
+    def median_range(r: dict, k: str) -> str:
+        e = [m[k] for m in r["speed_matched"]]
+        return f"{statistics.median(e):+.1%} [{min(e):+.0%}, {max(e):+.0%}]"
+
+    lines = ["Each real run's speed: measured / the profile's prediction on that run's own steps - 1:", "",
+             "| case | runs |", "|---|---|"]  # fmt: skip
+    lines += [f"| {n} | " + ", ".join(f"{s - 1:+.1%}" for s in r["run_speeds"]) + " |" for n, r in cases.items()]
+    title = "Elasticity: percent a simulated metric moves per percent on every step's time (profile x0.95, x1.05):"
+    lines += metric_table(title, lambda r, k: f"{r['elasticity'][k]:.2f}")
+    title = ("Speed-matched (a diagnostic, not the acceptance figure): each real run against the simulator at that "
+             "run's own speed; median of the per-run errors [min, max]:")  # fmt: skip
+    return "\n".join(lines + metric_table(title, median_range))
+
+
 def report(results: dict) -> str:
     first = next(iter(results.values()))
     parts = [
@@ -214,7 +263,7 @@ def report(results: dict) -> str:
     if "sim_pooled" in first:
         title = "Simulator, one profile fitted on every case's calibration / the median real run - 1:"
         parts.append(table(results, "error_pooled_vs_median", "step_time_error_pooled", title))
-    return "\n\n".join(parts)
+    return "\n\n".join(p for p in [*parts, drift_tables(results)] if p)
 
 
 def calibration_round(case: str, i: int):

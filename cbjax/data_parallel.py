@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import jax
 
-from cbjax.core import validation as check
+from cbjax.config import validation as check
 from cbjax.core.clock import Clock, RealClock
 from cbjax.core.outputs import RequestOutput
 from cbjax.core.routers import make_router

@@ -1,4 +1,4 @@
-"""LLMEngine: add requests, step, stream; one step = schedule -> execute -> update.
+"""LLMEngine: add requests, step, stream; one step = schedule -> dispatch -> fetch -> update.
 
 The engine owns the request table, validates input (a bad request is refused with a ValueError and nothing else
 is disturbed), and records per-step statistics for the metrics.
@@ -6,36 +6,22 @@ is disturbed), and records per-step statistics for the metrics.
 
 import collections
 import dataclasses
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 
 import jax
 
-from cbjax.core import validation as check
-from cbjax.core.clock import Clock, RealClock, VirtualClock
+from cbjax.config import validation as check
+from cbjax.core.clock import Clock
 from cbjax.core.outputs import CompletionOutput, RequestOutput
 from cbjax.core.request import Request, RequestStatus
+from cbjax.core.runner_contract import StepHandle
 from cbjax.core.sampling_params import SamplingParams
-from cbjax.core.scheduler import Scheduler, SchedulerConfig
-from cbjax.core.speculator import Speculator
-from cbjax.draft_model import check_draft_model, draft_config, load_draft_model
+from cbjax.engine_build import build_engine
 from cbjax.engine_config import EngineConfig
-from cbjax.memory_fit import check_fits, device_memory_bytes, host_memory_bytes
-from cbjax.model.config import ModelConfig, get_model_config
-from cbjax.model.hf_loader import load_hf_model
-from cbjax.model.linear_impl import serving_model
-from cbjax.model.llama import Llama, init_model, kv_cache_bytes_per_page
-from cbjax.model.registry import model_config_of, resolve_checkpoint
-from cbjax.model.tokenizer import Tokenizer
-from cbjax.runner.acceptance import make_rule
-from cbjax.runner.compile_cache import configure_compilation_cache
-from cbjax.runner.model_runner import ModelRunner
-from cbjax.runner.sharding import make_mesh
-from cbjax.runner.step_handle import StepHandle
-from cbjax.runner.step_input import BucketTable
-from cbjax.sim import SimRunner, engine_cost_model
-from kernels_pallas.dispatch import resolve_backend
+from cbjax.model.config import ModelConfig
+from cbjax.model.llama import Llama
 
 
 class LLMEngine:
@@ -44,109 +30,33 @@ class LLMEngine:
     `model` is a named config ("llama-tiny", "llama-small", "test-tiny"), a ModelConfig, a Llama instance, a Hugging
     Face checkpoint directory (config.json + safetensors [+ tokenizer.json]), a packaged model's name ("tinypy",
     "tinypy-draft"), or None for the packaged default. With a tokenizer, prompts may be text (`self.tokenizer`).
-    Engine options are EngineConfig's fields as keywords. `device` places the engine's parameters, KV pages and
-    programs on that device (default: jax's first); a data-parallel engine (cbjax/data_parallel.py) gives each of
-    its replicas one. With runner="sim" no weights are loaded and nothing is compiled: the same Scheduler drives a
-    cbjax.sim.SimRunner on a VirtualClock (docs/sim.md).
+    Engine options are flat keywords (EngineConfig.option_defaults(): policy, max_num_seqs, page_size, ...), or a
+    whole `config`. The engine is built by cbjax/engine_build.py, in order; `self.config` is the resolved config (its
+    num_pages, num_host_pages and max_model_len set for this model and machine). `device` places the engine's
+    parameters, KV pages and programs on that device (default: jax's first); a data-parallel engine
+    (cbjax/data_parallel.py) gives each of its replicas one. With runner="sim" no weights are loaded and nothing is
+    compiled: the same Scheduler drives a cbjax.sim.SimRunner on a VirtualClock (docs/sim.md).
     """
 
     def __init__(
         self,
         model: "str | ModelConfig | Llama | None" = "llama-tiny",
         *,
+        config: EngineConfig | None = None,
         clock: Clock | None = None,
         device: "jax.Device | None" = None,
         cost_model=None,
         **options,
     ):
-        """`cost_model` (runner="sim" only): a cbjax.sim cost model object, instead of sim_profile/sim_accelerator."""
-        cfg = EngineConfig.from_options(options)  # every option checked before anything is loaded or compiled
-        sim = cfg.runner == "sim"
-        drafter = cfg.speculative_config.draft_model if cfg.speculative_config is not None else None
-        if drafter is not None:
-            check_draft_model(model, drafter, cfg.max_model_len)
-        if sim:
-            # The simulator: no weights, no compile; the model's shapes only (docs/sim.md).
-            self.clock = VirtualClock() if clock is None else clock
-            self.compilation_cache_dir = None
-            self.model, self.tokenizer, mcfg = None, *self._model_config(model, cfg)
-            cost_model = engine_cost_model(cfg, mcfg, cost_model)
-        else:
-            if cost_model is not None:
-                raise ValueError("cost_model is for runner='sim' only")
-            self.clock = clock or RealClock()
-            # First: building the model may compile too.
-            self.compilation_cache_dir = configure_compilation_cache(cfg.compilation_cache)
-            self.model, self.tokenizer = self._load_model(model, cfg)
-            tp = cfg.tensor_parallel_size
-            self.model = serving_model(self.model, cfg.quantization, cfg.cpu_matmul, tp)  # int8, packed, or as is
-            mcfg = self.model.cfg
-        self.model_config = mcfg
-        max_model_len = cfg.max_model_len or mcfg.max_position_embeddings
-        if max_model_len > mcfg.max_position_embeddings:
-            raise ValueError(
-                f"max_model_len={max_model_len} exceeds the model's max_position_embeddings "
-                f"({mcfg.max_position_embeddings}); choose max_model_len <= {mcfg.max_position_embeddings}"
-            )
-        num_pages = cfg.num_pages
-        if num_pages is None and sim and hasattr(cost_model, "kv_pages"):
-            num_pages = cost_model.kv_pages(cfg.page_size)  # what the accelerator's memory holds after the weights
-            if num_pages < 1:
-                raise ValueError(f"the simulated accelerator's memory holds no KV page after the weights: {cost_model}")
-        if num_pages is None:
-            page_bytes = kv_cache_bytes_per_page(mcfg, cfg.page_size, cfg.kv_cache_dtype)
-            if drafter is not None:  # the draft's KV pages mirror the target's (cbjax/runner/draft_runner.py)
-                page_bytes += kv_cache_bytes_per_page(draft_config(drafter), cfg.page_size, cfg.kv_cache_dtype)
-            num_pages = int(cfg.kv_cache_memory_gib * 2**30) // page_bytes
-            if num_pages < 1:
-                raise ValueError(
-                    f"kv_cache_memory_gib={cfg.kv_cache_memory_gib} holds no KV page (one page of {cfg.page_size} "
-                    f"tokens takes {page_bytes} bytes for this model); raise it or set num_pages"
-                )
-        num_host_pages = 0
-        if cfg.preemption_mode == "swap":
-            num_host_pages = cfg.num_host_pages
-            if num_host_pages is None:
-                num_host_pages = int(cfg.swap_space_gib * 2**30) // kv_cache_bytes_per_page(
-                    mcfg, cfg.page_size, cfg.kv_cache_dtype
-                )
-        if not sim:  # (a simulated accelerator's pool is not this machine's memory)
-            check_fits("KV cache (num_pages / kv_cache_memory_gib)", num_pages, mcfg, cfg, device_memory_bytes())
-            check_fits(
-                "host swap pool (num_host_pages / swap_space_gib)", num_host_pages, mcfg, cfg, host_memory_bytes()
-            )
-        self.config = cfg = dataclasses.replace(
-            cfg, num_pages=num_pages, max_model_len=max_model_len, num_host_pages=num_host_pages
-        )
-        spec, sizes = cfg.speculative_config, (cfg.max_num_batched_tokens, max_model_len, cfg.page_size)
-        k = 0 if spec is None else spec.num_speculative_tokens  # drafts verified per sequence and step, at most
-        self.buckets = BucketTable.build(*sizes, cfg.max_num_seqs, max_draft_tokens=k)
-        # Built before the model runner so a bad policy, policy option or preemption mode fails before any compile.
-        self.scheduler = Scheduler(
-            SchedulerConfig(
-                max_num_seqs=cfg.max_num_seqs,
-                max_num_batched_tokens=cfg.max_num_batched_tokens,
-                page_size=cfg.page_size,
-                num_pages=num_pages,
-                max_model_len=max_model_len,
-                policy=cfg.policy,
-                policy_options=dict(cfg.policy_options or {}),
-                enable_chunked_prefill=cfg.enable_chunked_prefill,
-                watermark_pages=int(cfg.watermark_fraction * num_pages),
-                static_batch_timeout_s=cfg.static_batch_timeout_s,
-                preemption_mode=cfg.preemption_mode,
-                num_host_pages=num_host_pages,
-                enable_prefix_caching=cfg.enable_prefix_caching,
-                sliding_window=mcfg.sliding_window,
-                evict_outside_window=cfg.evict_outside_window,
-                num_scheduler_steps=cfg.num_scheduler_steps,
-            ),
-            self.clock,
-            speculator=None if spec is None else Speculator(spec),
-        )
-        self.runner = self._sim_runner(cfg, cost_model) if sim else self._model_runner(cfg, device)
-        mode = {True: "full", False: "none"}.get(cfg.warmup, cfg.warmup)
-        self.warmup_s = self.runner.warmup(mode)
+        """`config`: a whole EngineConfig (default: the defaults); `options`: flat engine options that change it.
+        `cost_model` (runner="sim" only): a cbjax.sim cost model object, instead of sim_profile/sim_accelerator."""
+        config = (config or EngineConfig()).replace(**options)  # every option checked before anything is built
+        parts = build_engine(model, config, clock=clock, device=device, cost_model=cost_model)
+        self.config = parts.config  # with the sizes resolved for this model and machine
+        self.clock = parts.clock
+        self.model, self.model_config, self.tokenizer = parts.model, parts.model_config, parts.tokenizer
+        self.buckets, self.scheduler, self.runner = parts.buckets, parts.scheduler, parts.runner
+        self.compilation_cache_dir, self.warmup_s = parts.compilation_cache_dir, parts.warmup_s
         self.requests: dict[str, Request] = {}
         self._pending: list[Request] = []  # finished outside a step (aborts) and not yet reported
         self._arrivals = 0
@@ -156,77 +66,13 @@ class LLMEngine:
         # Called after the model ran and before its tokens are stamped with the clock's time: a simulation moves
         # its virtual clock here, so a token's time is the end of the step that made it (cbjax.bench.online).
         self.after_execute: Callable[[], None] | None = None
+        # Instrumentation: a factory of context managers, `timed(part)`, put around the step ("step") and the
+        # scheduler's "schedule" and "update" (cbjax/bench/host_timers.py installs one; the runner has its own).
+        # None (the default) costs one attribute check per call.
+        self.timed: Callable[[str], AbstractContextManager] | None = None
         # False: `step` returns outputs only for requests that finished (a benchmark harness that reads each
         # request's result once); True: also one per request that got a token (streaming, the default).
         self.stream_outputs = True
-
-    def _model_runner(self, cfg: EngineConfig, device) -> ModelRunner:
-        return ModelRunner(
-            self.model,
-            num_pages=cfg.num_pages,
-            page_size=cfg.page_size,
-            buckets=self.buckets,
-            backend=resolve_backend(cfg.attention_backend),
-            interpret=cfg.pallas_interpret,
-            num_host_pages=cfg.num_host_pages,
-            program_cache_dir=None
-            if self.compilation_cache_dir is None
-            else os.path.join(self.compilation_cache_dir, "cbjax-programs"),
-            device=device,
-            mesh=None if cfg.tensor_parallel_size == 1 else make_mesh(cfg.tensor_parallel_size),
-            kv_cache_dtype=cfg.kv_cache_dtype,
-            draft_model=self._draft_model(cfg),
-            acceptance=None if cfg.speculative_config is None else make_rule(cfg.speculative_config.acceptance),
-            num_scheduler_steps=cfg.num_scheduler_steps,
-        )
-
-    @staticmethod
-    def _draft_model(cfg: EngineConfig) -> "Llama | None":
-        spec = cfg.speculative_config
-        if spec is None or spec.draft_model is None:
-            return None
-        return load_draft_model(spec.draft_model, cfg.dtype, cfg.matmul_dtype)
-
-    def _sim_runner(self, cfg: EngineConfig, cost_model) -> SimRunner:
-        mcfg = self.model_config
-        return SimRunner(
-            cost_model,
-            self.clock,
-            buckets=self.buckets,
-            kv_bytes_per_page=kv_cache_bytes_per_page(mcfg, cfg.page_size, cfg.kv_cache_dtype),
-            vocab_size=mcfg.vocab_size,
-            eos_token_id=mcfg.eos_token_id,
-            stop_token_ids=mcfg.extra_eos_token_ids,
-        )
-
-    @staticmethod
-    def _model_config(model, cfg: EngineConfig) -> "tuple[Tokenizer | None, ModelConfig]":
-        """The simulator's model: its config (and tokenizer, for a checkpoint), no weights."""
-        if isinstance(model, Llama):
-            raise ValueError("runner='sim' takes a model name or a ModelConfig, not a built Llama")
-        checkpoint = resolve_checkpoint(model)
-        mcfg = model if isinstance(model, ModelConfig) else model_config_of(model)
-        mcfg = mcfg.replace(**{k: getattr(cfg, k) for k in ("dtype", "matmul_dtype") if getattr(cfg, k) is not None})
-        return (None if checkpoint is None else Tokenizer.from_dir(checkpoint[0])), mcfg
-
-    @staticmethod
-    def _load_model(model, cfg: EngineConfig) -> "tuple[Llama, Tokenizer | None]":
-        if isinstance(model, Llama):
-            return model, None
-        sharded = cfg.tensor_parallel_size > 1  # the runner places each shard on its device straight from the host
-        checkpoint = resolve_checkpoint(model)
-        if checkpoint is not None:
-            path, default_dtype = checkpoint
-            model = load_hf_model(path, cfg.dtype or default_dtype, cfg.matmul_dtype, on_host=sharded)
-            return model, Tokenizer.from_dir(path)
-        mcfg = get_model_config(model) if isinstance(model, str) else model
-        if not isinstance(mcfg, ModelConfig):
-            raise ValueError(f"model must be a name, a ModelConfig or a Llama, got {type(model).__name__}")
-        if cfg.dtype is not None:
-            mcfg = mcfg.replace(dtype=cfg.dtype)
-        if cfg.matmul_dtype is not None:
-            mcfg = mcfg.replace(matmul_dtype=cfg.matmul_dtype)
-        return init_model(mcfg, cfg.seed, on_host=sharded), None
 
     # ---- requests ---------------------------------------------------------------------------------------------
     def add_request(
@@ -252,7 +98,7 @@ class LLMEngine:
             raise ValueError(f"{where}params must be SamplingParams, got {type(params).__name__}")
         if request_id in self.requests:
             raise ValueError(f"{where}duplicate request id (a request with this id is unfinished)")
-        mcfg, cfg = self.model_config, self.config
+        mcfg, sched, cache = self.model_config, self.config.scheduler, self.config.cache
         try:
             tokens = self._prompt_token_ids(prompt)
             check.token_ids("stop_token_ids", params.stop_token_ids, mcfg.vocab_size)
@@ -266,18 +112,20 @@ class LLMEngine:
         if mcfg.extra_eos_token_ids and not params.ignore_eos:
             # The scheduler stops on one eos id; the checkpoint's other eos ids become stop tokens (same reason).
             params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + mcfg.extra_eos_token_ids)
-        if len(tokens) > cfg.max_model_len:
-            raise ValueError(f"{where}prompt of {len(tokens)} tokens is longer than max_model_len={cfg.max_model_len}")
-        if total > cfg.max_model_len:
+        if len(tokens) > sched.max_model_len:
+            raise ValueError(
+                f"{where}prompt of {len(tokens)} tokens is longer than max_model_len={sched.max_model_len}"
+            )
+        if total > sched.max_model_len:
             raise ValueError(
                 f"{where}prompt ({len(tokens)}) + max_tokens ({params.max_tokens}) "
-                f"= {total} exceeds max_model_len={cfg.max_model_len}"
+                f"= {total} exceeds max_model_len={sched.max_model_len}"
             )
         if not self.scheduler.can_ever_fit(total):
             raise ValueError(
-                f"{where}needs {-(-total // cfg.page_size)} KV pages but the pool has only {cfg.num_pages}"
+                f"{where}needs {-(-total // cache.page_size)} KV pages but the pool has only {cache.num_pages}"
             )
-        seed = params.seed if params.seed is not None else (cfg.seed * 1_000_003 + self._arrivals) % 2**32
+        seed = params.seed if params.seed is not None else (self.config.load.seed * 1_000_003 + self._arrivals) % 2**32
         now = self.clock.now() if arrival_time is None else arrival_time
         req = Request(
             request_id, tokens, params, now, seed, self._arrivals, priority=priority, tenant=tenant, deadline=deadline
@@ -309,7 +157,7 @@ class LLMEngine:
     @property
     def advances_clock(self) -> bool:
         """Whether the runner moves the clock itself (the simulator's does, by its cost model's step time)."""
-        return getattr(self.runner, "advances_clock", False)
+        return self.runner.advances_clock
 
     def next_event_time(self) -> float | None:
         """When the policy will admit although no request arrives or finishes (a static batch's timeout), or None."""
@@ -323,6 +171,12 @@ class LLMEngine:
         """One iteration: schedule a step and start it on the device, then receive the results of the step before
         it, which ran meanwhile (asynchronous scheduling; with async_scheduling=False, of this same step). Returns an
         output for each request that got a token or finished (its `new_token_ids` is the stream delta)."""
+        if self.timed is None:
+            return self._step()
+        with self.timed("step"):
+            return self._step()
+
+    def _step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
         sched = self.scheduler
         changed: list[Request] = []
@@ -330,7 +184,11 @@ class LLMEngine:
         if spec is not None and self._in_flight and spec.wants_drafts(spec.batch_size(sched)):
             changed += self._receive(0, t0)  # drafts are proposed from every token: let the last ones arrive
         before = self._counters()
-        out = sched.schedule()
+        if self.timed is None:
+            out = sched.schedule()
+        else:
+            with self.timed("schedule"):
+                out = sched.schedule()
         dispatched = out.seqs or out.swap_out or out.swap_in
         if dispatched:
             handle = self.runner.dispatch(out)
@@ -338,7 +196,7 @@ class LLMEngine:
             self.num_steps += 1
         # A step that verifies drafts is received at once: how far its sequences advance is known only then.
         drafts = spec is not None and out.num_draft_tokens  # (a sum over the step's sequences: only with drafts)
-        keep = 1 if self.config.async_scheduling and dispatched and not drafts else 0
+        keep = 1 if self.config.scheduler.async_scheduling and dispatched and not drafts else 0
         changed += self._receive(keep, t0)
         if not self.stream_outputs:  # building an output per token was ~10% of a simulated run's time
             finished = RequestStatus.FINISHED  # (a local: reading an enum member costs ~0.1 us on Python 3.11)
@@ -359,7 +217,12 @@ class LLMEngine:
             if self.after_execute is not None:
                 self.after_execute()
             tally = spec.tally() if spec is not None else None
-            changed += sched.update(handle.out, sampled, self.model_config.eos_token_id, self.clock.now())
+            eos, now = self.model_config.eos_token_id, self.clock.now()
+            if self.timed is None:
+                changed += sched.update(handle.out, sampled, eos, now)
+            else:
+                with self.timed("update"):
+                    changed += sched.update(handle.out, sampled, eos, now)
             # Host time: everything in this call but the waits for the device and the swap copies.
             host_s = time.perf_counter() - t0 - handle.wait_s - handle.swap_s
             if spec is not None:
@@ -402,7 +265,7 @@ class LLMEngine:
                 num_running=len(sched.running),
                 num_waiting=len(sched.waiting),
                 num_scheduled_seqs=len(out.seqs),
-                max_num_seqs=self.config.max_num_seqs,
+                max_num_seqs=self.config.scheduler.max_num_seqs,
                 num_scheduled_tokens=out.num_batched_tokens,
                 padded_tokens=handle.padded_tokens,
                 decode_steps=out.num_steps,  # > 1: a block of decode steps (core/multi_step.py)
@@ -431,8 +294,7 @@ class LLMEngine:
     def wait_until_warm(self) -> None:
         """Block until every step program is built (after which nothing compiles) and has run once (ModelRunner.prime):
         call before timing a run."""
-        wait = getattr(self.runner, "wait_for_programs", None)  # (the model runner's; the simulator has none)
-        wait() if wait is not None else self.runner.programs.wait()
+        self.runner.wait_until_warm()
 
     def abort_all(self) -> None:
         for rid in [rid for rid, req in self.requests.items() if not req.is_finished]:

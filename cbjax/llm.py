@@ -3,19 +3,11 @@
 import contextlib
 from collections.abc import Sequence
 
-from cbjax.core import validation as check
+from cbjax.config import validation as check
 from cbjax.core.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from cbjax.core.sampling_params import SamplingParams
 from cbjax.engine import LLMEngine
-
-# The offline facade's default num_scheduler_steps (LLMEngine's is 1): blocks of up to this many decode steps per
-# dispatch where nothing waits and every running sequence decodes (cbjax/core/multi_step.py). Offline, nothing
-# arrives during `generate` and it returns final outputs only, so a block changes no scheduling decision and no
-# token; what it changes is paid once per block instead of once per step: the host's work, which on a 2-core CPU
-# takes its time from the step's compute threads (docs/benchmarks.md, "Host time at 64 running sequences"). Its
-# costs: the tokens of a block share one timestamp (RequestMetrics.token_times), and a slot whose sequence stopped
-# (on EOS or a stop token) or has no more steps is computed till the block's end (counted: block_wasted_tokens).
-OFFLINE_NUM_SCHEDULER_STEPS = 8
+from cbjax.engine_config import OFFLINE_OVERRIDES
 
 
 class LLM:
@@ -23,25 +15,25 @@ class LLM:
     `data_parallel_size` > 1 serves with that many replicas behind a router (cbjax/data_parallel.py).
 
     `model` is anything LLMEngine takes; None (the default) is the packaged model (cbjax/assets, nothing downloaded).
-    Unlike LLMEngine, `num_scheduler_steps` defaults to OFFLINE_NUM_SCHEDULER_STEPS (blocks of decode steps); pass
-    num_scheduler_steps=1 for one step per dispatch.
+    Its defaults are EngineConfig's with OFFLINE_OVERRIDES applied (cbjax/engine_config.py: blocks of decode steps,
+    num_scheduler_steps=8, where LLMEngine's default is 1); pass num_scheduler_steps=1 for one step per dispatch.
     """
 
     def __init__(self, model=None, *, data_parallel_size: int = 1, **engine_options):
-        engine_options.setdefault("num_scheduler_steps", OFFLINE_NUM_SCHEDULER_STEPS)
+        engine_options = OFFLINE_OVERRIDES | engine_options
         if check.integer("data_parallel_size", data_parallel_size, 1) == 1:
             self.engine = LLMEngine(model, **engine_options)
         else:  # replicas behind a router; router= and router_options= go with it (cbjax/data_parallel.py)
             from cbjax.data_parallel import DataParallelEngine
 
             self.engine = DataParallelEngine(model, data_parallel_size=data_parallel_size, **engine_options)
-        self._counter = 0
+        self.num_submitted = 0  # prompts submitted so far: the next one's request id
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> "LLM":
         """Wrap an existing engine (e.g. one shared between tests or runs)."""
         llm = cls.__new__(cls)
-        llm.engine, llm._counter = engine, 0
+        llm.engine, llm.num_submitted = engine, 0
         return llm
 
     def generate(
@@ -68,8 +60,8 @@ class LLM:
         order = []
         try:
             for prompt, sp in zip(prompts, params):
-                rid = str(self._counter)
-                self._counter += 1
+                rid = str(self.num_submitted)
+                self.num_submitted += 1
                 order.append(rid)
                 try:
                     engine.add_request(rid, prompt, sp)
@@ -84,7 +76,7 @@ class LLM:
                     with contextlib.suppress(ValueError):
                         engine.abort_request(rid)
             raise
-        tok = getattr(engine, "tokenizer", None)
+        tok = engine.tokenizer
         for prompt, rid in zip(prompts, order):
             out = results[rid]
             if isinstance(prompt, str):

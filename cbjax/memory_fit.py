@@ -4,10 +4,6 @@ import os
 
 import jax
 
-from cbjax.engine_config import EngineConfig
-from cbjax.model.config import ModelConfig
-from cbjax.model.llama import kv_cache_bytes_per_page
-
 
 def device_memory_bytes() -> int | None:
     """What this process's first device can hold (its allocator's limit; on the CPU backend, the machine's memory)."""
@@ -25,12 +21,12 @@ def host_memory_bytes() -> int | None:
         return None
 
 
-def check_fits(what: str, num_pages: int, mcfg: ModelConfig, cfg: EngineConfig, limit: int | None) -> None:
+def check_fits(what: str, num_pages: int, page_size: int, page_bytes: int, limit: int | None) -> None:
     """A pool larger than the memory that would hold it is the user's sizing mistake (GiB vs bytes, one zero too
     many): a ValueError now, not an allocator failure or an out-of-memory kill later."""
-    size = num_pages * kv_cache_bytes_per_page(mcfg, cfg.page_size, cfg.kv_cache_dtype)
+    size = num_pages * page_bytes
     if limit is not None and size > limit:
         raise ValueError(
-            f"the {what}: {num_pages} pages of {cfg.page_size} tokens = {size / 2**30:.3g} GiB, more than the "
+            f"the {what}: {num_pages} pages of {page_size} tokens = {size / 2**30:.3g} GiB, more than the "
             f"{limit / 2**30:.3g} GiB of memory there is to hold them"
         )

@@ -1,4 +1,4 @@
-"""Attention on CPU, one layer: the XLA loops of xla_attention.py vs the C++ FFI kernel (cpu_attention.py).
+"""Attention on CPU, one layer: the XLA loops of xla_attention.py vs the C++ FFI kernel (cpu/attention.py).
 
 Decode cases (--seqs x --ctx): S sequences, each with one query token and a context of `ctx` tokens. Prefill
 cases (--prefill): `BxQ` is B fresh prompts of Q tokens, `BxQ@C` B chunks of Q tokens after C tokens of earlier
@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from kernels_pallas import cpu_attention
+from kernels_pallas.cpu import attention as cpu_attention
 from kernels_pallas.xla_attention import xla_ragged_paged_attention
 
 SHAPES = {  # (N query heads, K kv heads, H head dim), as in cbjax/model/config.py

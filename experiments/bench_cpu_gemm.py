@@ -1,4 +1,4 @@
-"""Matmuls on CPU at decode sizes: XLA's `jnp.dot` vs the packed-weight FFI kernel (kernels_pallas/cpu_gemm.py).
+"""Matmuls on CPU at decode sizes: XLA's `jnp.dot` vs the packed-weight FFI kernel (kernels_pallas/cpu/gemm.py).
 
 Two kinds of case, each timed interleaved (one call of each variant per round; medians over the rounds):
   standalone  y = x @ w for one weight [K, N] (--shapes, KxN; llama-small's: qkv 1024x1536, o 1024x1024,
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from kernels_pallas import cpu_gemm
+from kernels_pallas.cpu import gemm as cpu_gemm
 
 _SHAPES = flags.DEFINE_list("shapes", ["1024x1536", "1024x1024", "1024x5632", "2816x1024", "1024x32000"], "KxN weights")
 _MS = flags.DEFINE_list("ms", ["16", "64", "256"], "rows (M) for the standalone cases")

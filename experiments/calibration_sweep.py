@@ -68,7 +68,9 @@ def calibrate(model: str, opts: dict, *, seed: int, scale: float, log=print) -> 
     engine.wait_until_warm()
     feats, times, counts = [], [], {}
     cfg = engine.config
-    workloads = sweep_workloads(engine.model_config.vocab_size, cfg.max_num_seqs, cfg.max_model_len, seed, scale)
+    workloads = sweep_workloads(
+        engine.model_config.vocab_size, cfg.scheduler.max_num_seqs, cfg.scheduler.max_model_len, seed, scale
+    )
     for name, wl in workloads.items():
         f, t, _ = measure(engine, wl)
         feats += f

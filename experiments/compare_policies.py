@@ -67,7 +67,7 @@ def entry_plan(cfg, name: str):
 
     variant = _plain((cfg.get("variants") or {}).get(name) or {})
     policy = variant.pop("policy", name)
-    known = {f.name for f in dataclasses.fields(EngineConfig)} | {"policy_options", *DATA_PARALLEL_OPTIONS}
+    known = set(EngineConfig.option_defaults()) | {*DATA_PARALLEL_OPTIONS}
     unknown = sorted(set(variant) - known)
     if unknown:
         raise ValueError(f"config.variants.{name}: unknown engine option(s) {unknown}")
@@ -124,7 +124,7 @@ def resolve_config(cfg):
 
     `policies` may hold comma-separated entries (`--config.policies=fcfs,static` arrives as one string).
     `engine.policy`, when set (`--config.engine.policy=sjf`), runs that one policy instead of the list."""
-    from cbjax.core.policies import make_policy
+    from cbjax.core.policy_zoo import make_policy
     from cbjax.engine_config import EngineConfig
     from cbjax.model.registry import model_config_of
 
@@ -175,7 +175,7 @@ def resolve_config(cfg):
 
 def check_data_parallel(options: dict) -> None:
     """The data-parallel options of an entry (ValueError naming the problem)."""
-    from cbjax.core import validation as check
+    from cbjax.config import validation as check
     from cbjax.core.routers import make_router
 
     if options.get("data_parallel_size") is not None:
@@ -249,7 +249,7 @@ def run_comparison(cfg, *, workload=None, progress: bool = True, on_step: Callab
                     comp.interrupted = True
                     break
                 comp.engines[name] = {
-                    "config": dataclasses.asdict(engine.config),
+                    "config": engine.config.options(),
                     "buckets": dataclasses.asdict(engine.buckets),
                     "client": None if plan.client is None else dataclasses.asdict(plan.client),
                     "warmup_s": engine.warmup_s,

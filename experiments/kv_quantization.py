@@ -75,7 +75,7 @@ def main(argv):
             outs = llm.generate(prompts, sp)
             rates[name].append(sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t0))
     cfg = f32.engine.model_config
-    page = {dt: kv_cache_bytes_per_page(cfg, f32.engine.config.page_size, dt) for dt in ("auto", "int8")}
+    page = {dt: kv_cache_bytes_per_page(cfg, f32.engine.config.cache.page_size, dt) for dt in ("auto", "int8")}
 
     print(f"held-out windows: {len(windows)} x {WINDOW} tokens; prompts: {len(prompts)} x {PROMPT_LEN} tokens")
     for name, value in loss.items():
@@ -85,7 +85,7 @@ def main(argv):
         f"identical continuations (engines): {sum(a == b for a, b in zip(ref, got))} of {len(ref)}"
     )
     print(
-        f"KV bytes per page of {f32.engine.config.page_size} tokens (all layers): float32 {page['auto']:,}  "
+        f"KV bytes per page of {f32.engine.config.cache.page_size} tokens (all layers): float32 {page['auto']:,}  "
         f"int8 {page['int8']:,} (scales included)  ratio {page['int8'] / page['auto']:.3f}"
     )
     med = {k: statistics.median(v) for k, v in rates.items()}

@@ -9,7 +9,7 @@ def measure(engine, workload) -> tuple[list, list, object]:
     from cbjax.model.llama import kv_cache_bytes_per_page
     from cbjax.sim import step_features
 
-    page_bytes = kv_cache_bytes_per_page(engine.model_config, engine.config.page_size)
+    page_bytes = kv_cache_bytes_per_page(engine.model_config, engine.config.cache.page_size)
     feats, times = [], []
     runner, clock = engine.runner, engine.clock
     fetch, advance = runner.fetch, clock.advance

@@ -76,8 +76,7 @@ def _runner_without_attention(model, num_pages, buckets):
     import jax
 
     import cbjax.model.llama as llama
-    from cbjax.runner.model_runner import ModelRunner
-    from cbjax.runner.step_programs import clear_shared_programs
+    from cbjax.runner.compilation.program_family import clear_shared_programs
 
     real = llama.ragged_attention
     llama.ragged_attention = lambda q, *args, **kwargs: q
@@ -86,13 +85,31 @@ def _runner_without_attention(model, num_pages, buckets):
     clear_shared_programs()
     jax.clear_caches()
     try:
-        runner = ModelRunner(model, num_pages=num_pages, page_size=PAGE_SIZE, buckets=buckets)
+        runner = _runner(model, num_pages, buckets)
         runner.warmup("full")
     finally:
         llama.ragged_attention = real
         clear_shared_programs()
         jax.clear_caches()
     return runner
+
+
+def _runner(model, num_pages, buckets):
+    """A runner of `model` with `num_pages` KV pages, on the xla attention backend, no swapping, no speculation."""
+    from cbjax.config.cache import CacheConfig
+    from cbjax.config.compilation import CompilationConfig
+    from cbjax.config.parallel import ParallelConfig
+    from cbjax.runner.build import build_model_runner
+
+    return build_model_runner(
+        model,
+        cache=CacheConfig(page_size=PAGE_SIZE, num_pages=num_pages, num_host_pages=0),
+        compilation=CompilationConfig(attention_backend="xla"),
+        parallel=ParallelConfig(),
+        speculative=None,
+        num_scheduler_steps=1,
+        buckets=buckets,
+    )
 
 
 def _median_ms(f, calls: int = 3) -> float:
@@ -118,10 +135,10 @@ def main(argv):
     from cbjax.model.llama import init_model
     from cbjax.model.packed_linear import PackedLinear
     from cbjax.runner.head_sample import HEAD_ROWS
-    from cbjax.runner.model_runner import ModelRunner
     from cbjax.runner.sampler import sample
     from cbjax.runner.step_input import BucketTable, pack_step
-    from kernels_pallas import cpu_gemm, ragged_attention
+    from kernels_pallas import ragged_attention
+    from kernels_pallas.cpu import gemm as cpu_gemm
 
     cfg = get_model_config(FLAGS.model)
     if FLAGS.matmul_dtype:
@@ -136,7 +153,7 @@ def main(argv):
     top = max(T for _, T, _ in specs)
     pages_needed = sum(-(-kv // PAGE_SIZE) for _, _, seqs in specs for _, kv in seqs)
     buckets = BucketTable.build(top, FLAGS.max_model_len, PAGE_SIZE, FLAGS.max_num_seqs)
-    runner = ModelRunner(model, num_pages=pages_needed + 1, page_size=PAGE_SIZE, buckets=buckets)
+    runner = _runner(model, pages_needed + 1, buckets)
     no_attn = _runner_without_attention(model, pages_needed + 1, buckets)
     rng = np.random.default_rng(0)
     key = iter(jax.random.split(jax.random.key(0), 64))
@@ -209,8 +226,8 @@ def main(argv):
         params = [jnp.asarray(v)[:S] for v in (inp.temperature, inp.top_k, inp.top_p, inp.seeds, inp.counters)]
         tokens, n = np.int32(sum(q for q, _ in seqs)), np.int32(len(seqs))
         programs = {
-            "step": lambda inp=inp: runner._run(inp),
-            "no_attn": lambda inp=inp: no_attn._run(inp),
+            "step": lambda inp=inp: runner.run_input(inp),
+            "no_attn": lambda inp=inp: no_attn.run_input(inp),
             "matmuls": lambda x=x, a=a, r=tokens: matmuls(x, a, layers, r),
             "attention": lambda q=q, md=md: attention(q, runner.kv_caches, md),
             "lm_head": lambda h=hidden: dot(h, weights["head"]),

@@ -10,7 +10,7 @@ engine gets B slots and max(8, 2B) requests at once (offline); then an online ru
   off        no speculation (asynchronous scheduling, as the engine runs by default)
   ngram      prompt lookup, k = 4 drafts per sequence and step
   adaptive   prompt lookup, k by batch size: {"1-8": 4, "9-32": 2, "33-": 0}
-  measured   prompt lookup, k from the measured acceptance and step cost (cbjax/core/draft_length.py)
+  measured   prompt lookup, k from the measured acceptance and step cost (cbjax/core/speculation/draft_length.py)
   draft      the packaged draft model (`tinypy-draft`), k = 4, proposing on the device in the verifying step
   draft_adaptive  the draft model, k by batch size: {"1-8": 4, "9-32": 2, "33-": 0}
   draft_k2   the draft model, k = 2
@@ -163,7 +163,7 @@ def _median_ms(records) -> float:
 
 def proposer_cost() -> dict:
     """Microseconds per propose() call, on contexts of a few lengths built from repeated code-like token runs."""
-    from cbjax.core.ngram_proposer import NgramProposer
+    from cbjax.core.speculation.ngram import NgramProposer
 
     rng = np.random.default_rng(0)
     proposer = NgramProposer(2, 4)
@@ -190,7 +190,7 @@ def main(argv):
     del argv
     from cbjax.model.registry import packaged_model_path
     from cbjax.model.tokenizer import Tokenizer
-    from cbjax.runner.step_programs import clear_shared_programs
+    from cbjax.runner.compilation.program_family import clear_shared_programs
 
     tok = Tokenizer.from_dir(packaged_model_path(FLAGS.model))
     if FLAGS.write_workload:  # for compare_policies (configs/speculative.py): arrivals are drawn there

@@ -58,26 +58,26 @@ flags.DEFINE_string("dump_dir", None, "write the generated token ids to DIR/cbja
 FLAGS = flags.FLAGS
 
 
-def _record_inputs(runner) -> list:
-    """Wrap the runner's device call so the packed input of every step is kept (for the device-only replay)."""
-    inputs, run = [], runner._run
+def record_steps(runner) -> list:
+    """Keep every dispatched step that ran a program (its packed input, for the device-only replay), through the
+    runner's `on_dispatch` hook."""
+    steps = []
 
-    def recording(inp, verify=False):
-        inputs.append((inp, verify))
-        return run(inp, verify)
+    def record(handle) -> None:
+        if handle.inp is not None:  # (not a swap-only step)
+            steps.append(handle)
 
-    runner._run = recording
-    return inputs
+    runner.on_dispatch = record
+    return steps
 
 
-def _replay(runner, inputs) -> float:
-    """Seconds to run the recorded steps back to back, waiting only at the end."""
+def replay_steps(runner, steps) -> float:
+    """Seconds to run the recorded steps' inputs back to back, waiting only at the end."""
     import jax
 
-    run = type(runner)._run
     t0 = time.perf_counter()
-    for inp, verify in inputs:
-        tokens = run(runner, inp, verify)
+    for handle in steps:
+        tokens = runner.run_input(handle.inp, handle.verified)
     jax.block_until_ready(tokens)
     return time.perf_counter() - t0
 
@@ -130,12 +130,12 @@ def main(argv):
     engine = llm.engine
     compiles_before = engine.num_compiles
     walls, outs, replays, host_busy = [], None, [], []
-    inputs = _record_inputs(engine.runner) if FLAGS.replay_device else None
+    recorded = record_steps(engine.runner) if FLAGS.replay_device else None
     timers = HostTimers(engine) if FLAGS.host_split else None
     splits = []
     for _ in range(FLAGS.repeats):
-        if inputs is not None:
-            inputs.clear()
+        if recorded is not None:
+            recorded.clear()
         first_step = len(engine.step_records)
         if timers is not None:
             timers.reset()
@@ -146,8 +146,8 @@ def main(argv):
         host_busy.append(sum(s["host_s"] for s in steps) / walls[-1])
         if timers is not None:
             splits.append(timers.per_step_ms(len(steps)) | {"cpu_share": timers.cpu_s["step"] / walls[-1]})
-        if inputs is not None:
-            replays.append(_replay(engine.runner, inputs))
+        if recorded is not None:
+            replays.append(replay_steps(engine.runner, recorded))
     got = sum(len(o.outputs[0].token_ids) for o in outs)
     wall = statistics.median(walls)
     host = [s["host_s"] for s in steps]
@@ -176,7 +176,7 @@ def main(argv):
         "preemptions": sum(s["num_preemptions"] for s in steps),
         "compiles_warmup": compiles_before,
         "compiles_after_warmup": engine.num_compiles - compiles_before,
-        **{k: v for k, v in engine.config.__dict__.items() if k in opts or k in ("num_pages", "num_scheduler_steps")},
+        **{k: v for k, v in engine.config.options().items() if k in opts or k in ("num_pages", "num_scheduler_steps")},
         "cpu": cpu_model(),
     }
     if splits:

@@ -1,5 +1,21 @@
-"""Paged-attention kernels (Pallas, for TPU and GPU) next to their pure-jnp references, and an XLA path for CPU."""
+"""Paged-attention kernels (Pallas, for TPU and GPU) next to their pure-jnp references, an XLA path for CPU, and
+the CPU kernels in C++ (cpu/).
 
-from kernels_pallas.dispatch import BACKENDS, ragged_attention, resolve_backend
+Names are imported lazily, so `import kernels_pallas.choices` (the options' allowed values) never pulls in jax.
+"""
 
-__all__ = ["BACKENDS", "ragged_attention", "resolve_backend"]
+import importlib
+
+_EXPORTS = {
+    "BACKENDS": "kernels_pallas.choices",
+    "ragged_attention": "kernels_pallas.dispatch",
+    "resolve_backend": "kernels_pallas.dispatch",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'kernels_pallas' has no attribute {name!r}")

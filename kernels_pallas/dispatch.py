@@ -8,9 +8,8 @@ ragged_paged_attention.py (compiled on TPU/GPU, or interpreted on CPU when `inte
 
 import jax
 
+from kernels_pallas.choices import BACKENDS
 from kernels_pallas.xla_attention import xla_ragged_paged_attention
-
-BACKENDS = ("auto", "pallas", "xla")
 
 
 def resolve_backend(backend: str) -> str:

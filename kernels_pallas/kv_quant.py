@@ -19,7 +19,6 @@ exactly zero. An all-zero row gets scale 0, and dequantizes to zeros.
 import jax
 import jax.numpy as jnp
 
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "int8")
 QMAX = 127.0
 
 

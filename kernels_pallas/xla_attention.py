@@ -16,7 +16,7 @@ Both use an online softmax in float32. Decode work is tightest when decodes come
 packs them so), but any order is correct. Masked K/V positions are zeroed before use, so NaN or stale data in
 unused pages never reaches an output. Rows past cu_q_lens[num_seqs] are zeros.
 
-Both halves have a faster twin on CPU: a C++ FFI kernel (cpu_attention.py) that walks the page table itself
+Both halves have a faster twin on CPU: a C++ FFI kernel (cpu/attention.py) that walks the page table itself
 (XLA's decode loop runs at ~2-3 GB/s of K/V, bound by gathers and tiny dots). `decode_impl` and `prefill_impl`
 pick it per half: "ffi", "xla", or "auto" (the default; the environment variables CBJAX_DECODE_ATTENTION and
 CBJAX_PREFILL_ATTENTION, "ffi" | "xla" | "auto", override them): the FFI kernel on the CPU backend when it
@@ -30,7 +30,8 @@ import os
 import jax
 import jax.numpy as jnp
 
-from kernels_pallas import cpu_attention, kv_quant
+from kernels_pallas import kv_quant
+from kernels_pallas.cpu import attention as cpu_attention
 
 _NEG = -1e30
 IMPLS = ("auto", "ffi", "xla")  # decode_impl and prefill_impl alike
@@ -126,7 +127,7 @@ def xla_ragged_paged_attention(
     )
     k_scales, v_scales = (None if x is None else jnp.asarray(x) for x in (k_scales, v_scales))
     kv_quant.check_scales(k_pages, v_pages, k_scales, v_scales)
-    # The C++ kernel (cpu_attention.py): `rows` says which sequences' rows it fills, zeros elsewhere.
+    # The C++ kernel (cpu/attention.py): `rows` says which sequences' rows it fills, zeros elsewhere.
     kernel_kw = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
     if k_scales is not None:
         kernel_kw.update(k_scales=k_scales, v_scales=v_scales)

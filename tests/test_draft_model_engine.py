@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from cbjax import LLM, LLMEngine, SamplingParams
-from cbjax.core.policies import POLICIES
+from cbjax.core.policy_zoo import POLICIES
 from cbjax.model import get_model_config, init_model
 from cbjax.model.registry import packaged_model_path
 from tests.helpers import noisy_copy
@@ -153,12 +153,12 @@ def _swap_two_tokens(tok):
     ids=["vocab", "tokenizer", "positions", "unknown", "missing", "not_a_model"],
 )
 def test_bad_draft_models_are_refused_before_anything_is_built(tmp_path, draft, message, monkeypatch):
-    import cbjax.engine
+    import cbjax.engine_build
 
     def no_loading(*a, **k):
         raise AssertionError("a model was loaded before the draft was checked")
 
-    monkeypatch.setattr(cbjax.engine, "load_hf_model", no_loading)
+    monkeypatch.setattr(cbjax.engine_build, "load_hf_model", no_loading)
     with pytest.raises(ValueError, match=message):
         LLMEngine("tinypy", speculative_config=draft_spec(draft(tmp_path)), max_model_len=256)
 
@@ -169,7 +169,7 @@ def test_a_draft_model_with_tensor_parallelism_is_refused():
 
 
 def test_a_random_named_draft_is_not_the_targets_weights():
-    from cbjax.draft_model import load_draft_model
+    from cbjax.runner.speculation.draft_model import load_draft_model
 
     draft = load_draft_model("test-tiny", None, None)
     target = init_model(get_model_config("test-tiny"), seed=0)

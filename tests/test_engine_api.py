@@ -131,7 +131,7 @@ def test_llm_generate_interrupted_leaves_nothing_queued(engine, monkeypatch):
     drain(engine)  # the aborted requests report once; nothing of theirs runs
     assert not engine.requests and engine.scheduler.pool.num_free == engine.scheduler.pool.num_pages
     out = llm.generate([[7, 8]], SamplingParams(max_tokens=3, **GREEDY))
-    assert [o.request_id for o in out] == [str(llm._counter - 1)] and len(out[0].outputs[0].token_ids) == 3
+    assert [o.request_id for o in out] == [str(llm.num_submitted - 1)] and len(out[0].outputs[0].token_ids) == 3
 
 
 def test_abort_running_request_frees_pages_and_reports_abort(engine):

@@ -10,7 +10,6 @@ import pytest
 from cbjax import LLM, EngineConfig, LLMEngine, SamplingParams
 from cbjax.model import get_model_config, init_model
 from cbjax.model.llama import kv_cache_bytes_per_page
-from kernels_pallas import kv_quant
 from tests.helpers import greedy_reference, random_workload
 from tests.test_engine_exact import MAX_MODEL_LEN, OPTS, run_and_check
 
@@ -65,19 +64,16 @@ def test_memory_budget_holds_more_int8_pages(model):
     H = cfg.dim_per_head
     assert f32 / int8 == pytest.approx(4 * H / (H + 4))
     budget = dict(kv_cache_memory_gib=0.001, max_num_seqs=4, max_num_batched_tokens=32, warmup="none")
-    pages = {dt: LLMEngine(model, kv_cache_dtype=dt, **budget).config.num_pages for dt in ("auto", "int8")}
+    pages = {dt: LLMEngine(model, kv_cache_dtype=dt, **budget).config.cache.num_pages for dt in ("auto", "int8")}
     assert pages["int8"] == int(0.001 * 2**30) // int8 and pages["auto"] == int(0.001 * 2**30) // f32
 
 
 def test_bad_kv_cache_dtype_is_a_value_error():
     with pytest.raises(ValueError, match="kv_cache_dtype"):
-        EngineConfig(kv_cache_dtype="int4")
+        EngineConfig.from_options(kv_cache_dtype="int4")
     with pytest.raises(ValueError, match="kv_cache_dtype"):
-        EngineConfig(kv_cache_dtype=8)
-    assert EngineConfig(kv_cache_dtype="int8").kv_cache_dtype == "int8"
-    from cbjax import engine_config
-
-    assert engine_config.KV_CACHE_DTYPES == kv_quant.KV_CACHE_DTYPES
+        EngineConfig.from_options(kv_cache_dtype=8)
+    assert EngineConfig.from_options(kv_cache_dtype="int8").cache.kv_cache_dtype == "int8"
 
 
 def test_generate_returns_text_with_int8_kv(model):

@@ -1,5 +1,6 @@
-"""The house rules of ../shared/ARCHITECTURE.md, checked on the source: which room imports which, no import cycle,
-no private name used across files, the engine without experiment or training libraries, files of a readable size.
+"""The house rules of docs/architecture.md (after ../shared/ARCHITECTURE.md), checked on the source: which room
+imports which, no import cycle, no private name used across files, the engine without experiment or training
+libraries, files of a readable size.
 
 The import graph is read from the source (ast), so the checks see every module whether or not a test imports it.
 """
@@ -91,12 +92,49 @@ def test_no_import_cycle():
             visit(module, [module])
 
 
+# The public API of namedtuples (StepInput._replace) is not private.
+NAMEDTUPLE_API = {"_replace", "_fields", "_asdict", "_make", "_field_defaults"}
+
+
+def _private_names_defined(tree: ast.AST) -> set[str]:
+    """The underscore names a file defines itself: its functions and classes, and attributes it assigns."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return {n for n in names if n.startswith("_")}
+
+
+def test_no_file_reaches_into_another_modules_private_names():
+    """`obj._name` only on self or cls, or on a name the same file defines (its own class's instances, say):
+    a helper that needs another class's private state uses a public method or lives in that class's room."""
+    offenders = []
+    for path in _all_project_files():
+        tree = ast.parse(path.read_text(), str(path))
+        own = _private_names_defined(tree) | NAMEDTUPLE_API
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+                continue
+            if (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")) or node.attr in own:
+                continue
+            offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert not offenders
+
+
+def _all_project_files() -> list[pathlib.Path]:
+    return [*MODULES.values(), *sorted((ROOT / "experiments").glob("*.py")), *sorted((ROOT / "tests").rglob("*.py"))]
+
+
 def test_no_private_name_is_imported_across_files():
     offenders = [
-        f"{name}: from {module} import {n}"
-        for name, path in MODULES.items()
+        f"{path.relative_to(ROOT)}: from {module} import {n}"
+        for path in _all_project_files()
         for module, names in _imports(path, top_level_only=False)
-        if module.split(".")[0] in PACKAGES
+        if module.split(".")[0] in (*PACKAGES, "experiments", "tests")
         for n in names
         if n.startswith("_")
     ]
@@ -105,15 +143,18 @@ def test_no_private_name_is_imported_across_files():
 
 # Which project modules each room may import (anywhere in the file), after ARCHITECTURE.md's table of rooms.
 ALLOWED = {
-    "cbjax.core": ("cbjax.core",),
-    "cbjax.bench": ("cbjax.bench", "cbjax.core"),
-    "cbjax.model": ("cbjax.model", "kernels_pallas"),
-    "cbjax.runner": ("cbjax.runner", "cbjax.core", "cbjax.model", "kernels_pallas"),
-    "cbjax.sim": ("cbjax.sim", "cbjax.core"),
+    # The options and their checks, at the bottom: every room of cbjax may import it; it imports only the kernels'
+    # lists of allowed values (kernels_pallas/choices.py, jax-free).
+    "cbjax.config": ("cbjax.config", "kernels_pallas"),
+    "cbjax.core": ("cbjax.core", "cbjax.config"),
+    "cbjax.bench": ("cbjax.bench", "cbjax.core", "cbjax.config"),
+    "cbjax.model": ("cbjax.model", "cbjax.config", "kernels_pallas"),
+    "cbjax.runner": ("cbjax.runner", "cbjax.core", "cbjax.config", "cbjax.model", "kernels_pallas"),
+    "cbjax.sim": ("cbjax.sim", "cbjax.core", "cbjax.config"),
     "kernels_pallas": ("kernels_pallas",),
     # The server sits on the engine; from the model room it uses what the engine hands out (its tokenizer, the
     # incremental detokenizer) and the registry that names checkpoints. Never the runner.
-    "cbjax.serve": ("cbjax.serve", "cbjax.engine", "cbjax.core", "cbjax.model"),
+    "cbjax.serve": ("cbjax.serve", "cbjax.engine", "cbjax.core", "cbjax.config", "cbjax.model"),
 }
 
 
@@ -152,8 +193,8 @@ def test_the_engine_needs_no_experiment_or_training_library():
     _run_with_blocked(blocked, "from cbjax import LLM, LLMEngine, SamplingParams; import cbjax.generate")
 
 
-def test_the_simulator_needs_no_jax():
-    _run_with_blocked(("jax", "jaxlib", "flax"), "import cbjax.sim, cbjax.engine_config")
+def test_the_simulator_and_the_options_need_no_jax():
+    _run_with_blocked(("jax", "jaxlib", "flax"), "import cbjax.sim, cbjax.engine_config, cbjax.config.compilation")
 
 
 def test_the_experiment_room_needs_no_jax():

@@ -71,9 +71,9 @@ def test_sampled_and_stopped_requests_match_single_steps(model):
 
 
 def test_the_offline_facade_runs_blocks_by_default_and_the_engine_does_not(model):
-    assert LLM(model, warmup="none", **OPTS).engine.config.num_scheduler_steps == 8
-    assert LLM(model, warmup="none", num_scheduler_steps=1, **OPTS).engine.config.num_scheduler_steps == 1
-    assert LLMEngine(model, warmup="none", **OPTS).config.num_scheduler_steps == 1
+    assert LLM(model, warmup="none", **OPTS).engine.config.scheduler.num_scheduler_steps == 8
+    assert LLM(model, warmup="none", num_scheduler_steps=1, **OPTS).engine.config.scheduler.num_scheduler_steps == 1
+    assert LLMEngine(model, warmup="none", **OPTS).config.scheduler.num_scheduler_steps == 1
 
 
 def test_stream_deltas_of_blocks_concatenate_to_the_output(model):

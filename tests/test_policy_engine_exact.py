@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from cbjax import LLM, LLMEngine, SamplingParams
-from cbjax.core.policies import POLICIES
+from cbjax.core.policy_zoo import POLICIES
 from cbjax.model import get_model_config, init_model
 from tests.helpers import greedy_reference
 

@@ -8,7 +8,7 @@ import pytest
 
 from cbjax import LLM, LLMEngine, SamplingParams
 from cbjax.bench.metrics import StepRecord, acceptance_by_position, step_summary
-from cbjax.core.policies import POLICIES
+from cbjax.core.policy_zoo import POLICIES
 from tests.test_policy_engine_exact import MAX_MODEL_LEN, OPTS, model, run_staggered, workload  # noqa: F401 (fixtures)
 
 K = 3

@@ -21,8 +21,8 @@ import pytest
 
 from cbjax import LLMEngine, SamplingParams
 from cbjax.model import get_model_config, init_model
-from cbjax.runner.acceptance import RejectionSampling, SampleAndMatch
-from cbjax.runner.sampler import _filter_top_k_top_p, sample
+from cbjax.runner.sampler import filter_top_k_top_p, sample
+from cbjax.runner.speculation.acceptance import RejectionSampling, SampleAndMatch
 from tests.helpers import noisy_copy
 
 TEMPERATURE, TOP_K, N = 2.0, 3, 1500
@@ -35,7 +35,7 @@ CHI2_LIMIT = 54.1
 
 def _probs(logits):
     x = logits / TEMPERATURE
-    x = _filter_top_k_top_p(x, jnp.full((x.shape[0],), TOP_K), jnp.ones((x.shape[0],)))
+    x = filter_top_k_top_p(x, jnp.full((x.shape[0],), TOP_K), jnp.ones((x.shape[0],)))
     return jax.nn.softmax(x, axis=-1)
 
 

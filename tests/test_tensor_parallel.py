@@ -8,7 +8,7 @@ SCRIPT = """
 import json
 import numpy as np
 from cbjax import LLM, LLMEngine
-from cbjax.core.policies import POLICIES
+from cbjax.core.policy_zoo import POLICIES
 from cbjax.model import get_model_config, init_model
 from tests.helpers import random_workload
 

@@ -6,7 +6,7 @@ it hands every request that has arrived to the engine (or to the client-side bat
 nothing can run, it jumps (virtual clock) or sleeps (real clock) to the next event: an arrival, a client window
 closing, or a static batch's timeout.
 
-A policy-list entry (any engine policy of cbjax.core.policies.POLICIES, or "time_window") is turned into engine
+A policy-list entry (any engine policy of cbjax.core.policy_zoo.POLICIES, or "time_window") is turned into engine
 options plus client behaviour by `plan_policy`, so every baseline runs on the same runner and the same model.
 
 `horizon_s` ends a run at that time (seconds from its start): what is still in flight is aborted and counts as not
@@ -39,7 +39,7 @@ from cbjax.bench.metrics import RequestRecord, StepRecord
 from cbjax.bench.requests import WorkloadRequest
 from cbjax.core.clock import VirtualClock
 from cbjax.core.outputs import RequestOutput
-from cbjax.core.policies import POLICIES
+from cbjax.core.policy_zoo import POLICIES
 from cbjax.core.sampling_params import SamplingParams
 
 _log = logging.getLogger(__name__)
@@ -389,7 +389,7 @@ def run_online(
     """
     run = _OnlineRun(engine, workload, client, step_cost_s, on_step, horizon_s)
     first_step = len(engine.step_records)
-    simulated = getattr(engine, "advances_clock", False)  # the simulator's runner moves the clock itself
+    simulated = engine.advances_clock  # the simulator's runner moves the clock itself
     if simulated and step_cost_s is not None:
         raise ValueError("step_cost_s is for the real runner; the simulator's step times come from its cost model")
     if run.virtual and not simulated:

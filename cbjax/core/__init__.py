@@ -3,8 +3,8 @@
 from cbjax.core.clock import Clock, RealClock, VirtualClock
 from cbjax.core.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from cbjax.core.page_pool import PagePool
-from cbjax.core.policies import POLICIES, make_policy
 from cbjax.core.policy import Policy, SchedulerView
+from cbjax.core.policy_zoo import POLICIES, make_policy
 from cbjax.core.request import FinishReason, Request, RequestStatus
 from cbjax.core.sampling_params import SamplingParams
 from cbjax.core.scheduler import Scheduler, SchedulerConfig

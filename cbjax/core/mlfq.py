@@ -3,7 +3,7 @@
 import heapq
 import itertools
 
-from cbjax.core import validation as check
+from cbjax.config import validation as check
 from cbjax.core.policy import Policy
 from cbjax.core.request import Request, RequestStatus
 from cbjax.core.sorted_ranking import merge_by_key

@@ -43,11 +43,11 @@ def plan_decode_steps(sched, out: SchedulerOutput) -> None:
         or out.swap_out
         or out.swap_in
         or sched.speculator is not None
-        or sched._window is not None
+        or sched.window is not None
         or out.num_batched_tokens != len(seqs)  # one token each
     ):
         return
-    G, max_len, pool = cfg.page_size, cfg.max_model_len, sched.pool
+    G, max_len, pool = sched.cache.page_size, cfg.max_model_len, sched.pool
     scheduled = set()
     steps, needs = [], []
     for s in seqs:

@@ -33,7 +33,7 @@ A policy reads the scheduler's state through `self.view`, a read-only `Scheduler
 when it is built: the queues and the prefix cache's contents, never the means to change them.
 
 A new policy is a small subclass that implements `rank` (and perhaps `victims`): see docs/policies.md. The zoo is
-in policies.py; register a policy in `POLICIES` there to make it reachable by name from EngineConfig.policy,
+in policy_zoo.py; register a policy in `POLICIES` there to make it reachable by name from EngineConfig.policy,
 `LLM(policy=...)` and the experiment configs. Priorities follow vLLM: a lower `priority` value is more important.
 """
 
@@ -41,7 +41,7 @@ import operator
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
-from cbjax.core import validation as check
+from cbjax.config import validation as check
 from cbjax.core.request import Request, RequestStatus
 from cbjax.core.sorted_ranking import Ranking, SortedWaiting, merge_by_key  # noqa: F401  (part of the interface)
 

@@ -7,7 +7,7 @@ scheduling policies, each is a small class selected by name (ROUTERS).
 
 from collections.abc import Sequence
 
-from cbjax.core import validation as check
+from cbjax.config import validation as check
 
 
 class Router:

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from cbjax.core import validation as check
+from cbjax.config import validation as check
 
 
 @dataclass(frozen=True)

@@ -9,21 +9,22 @@ new token. Finished sequences leave at `update`, so their slot and pages serve t
 import itertools
 from collections.abc import Sequence
 
-from cbjax.core import speculation
+from cbjax.config.cache import CacheConfig
 from cbjax.core.clock import Clock
 from cbjax.core.multi_step import plan_decode_steps
 from cbjax.core.page_pool import PagePool, chain_hashes
-from cbjax.core.policies import make_policy
 from cbjax.core.policy import Policy
 from cbjax.core.request import FinishReason, Request, RequestStatus
 from cbjax.core.scheduler_config import SchedulerConfig, pages_for
 from cbjax.core.scheduler_output import ScheduledSeq, SchedulerOutput
 from cbjax.core.scheduler_view import ReadOnlyScheduler
 from cbjax.core.sorted_ranking import Ranking, SortedWaiting, visits
-from cbjax.core.speculator import Speculator
+from cbjax.core.speculation import scheduling as speculation
+from cbjax.core.speculation.speculator import Speculator
 from cbjax.core.step_plan import Placement as _Placement
 from cbjax.core.step_plan import StepPlan as _Step
 from cbjax.core.waiting_queue import WaitingQueue
+from cbjax.core.window_eviction import drop_outside_window, max_pages_held
 
 __all__ = ["ReadOnlyScheduler", "Scheduler", "SchedulerConfig", "pages_for"]
 
@@ -38,22 +39,32 @@ class Scheduler:
     differences."""
 
     def __init__(
-        self, config: SchedulerConfig, clock: Clock, policy: Policy | None = None, speculator: Speculator | None = None
+        self,
+        config: SchedulerConfig,
+        cache: CacheConfig,
+        clock: Clock,
+        *,
+        sliding_window: int | None = None,
+        policy: Policy | None = None,
+        speculator: Speculator | None = None,
     ):
-        self.config = config
-        self.speculator = speculator  # None: no speculative decoding (speculation.py: the scheduler's part)
+        """`config` and `cache` with their sizes resolved (max_model_len, num_pages, num_host_pages: the engine's
+        build does it); `sliding_window`: the model's (it attends to that many last positions only); `policy`: a
+        policy object instead of config.policy's (custom policies)."""
+        if config.max_model_len is None or cache.num_pages is None or cache.num_host_pages is None:
+            raise ValueError("the scheduler needs max_model_len, num_pages and num_host_pages set (not None)")
+        self.config, self.cache = config, cache
+        self.speculator = speculator  # None: no speculative decoding (speculation/scheduling.py: the scheduler's part)
         self.clock = clock
-        self.policy = policy or make_policy(
-            config.policy,
-            config.policy_options,
-            max_num_seqs=config.max_num_seqs,
-            batch_timeout_s=config.static_batch_timeout_s,
-        )
+        self.policy = policy or config.make_policy()
         self.policy.attach(ReadOnlyScheduler(self))
-        self.pool = PagePool(config.num_pages, enable_caching=config.enable_prefix_caching)
-        self._window = config.sliding_window if config.evict_outside_window else None
-        swap = config.preemption_mode == "swap" and config.num_host_pages > 0
-        self.host_pool = PagePool(config.num_host_pages) if swap else None
+        self.pool = PagePool(cache.num_pages, enable_caching=cache.enable_prefix_caching)
+        # Pages kept free at admission so running sequences can grow without an immediate preemption.
+        self.watermark_pages = int(config.watermark_fraction * cache.num_pages)
+        # The attention window whose outside pages are freed (None: no eviction).
+        self.window = sliding_window if cache.evict_outside_window else None
+        swap = config.preemption_mode == "swap" and cache.num_host_pages > 0
+        self.host_pool = PagePool(cache.num_host_pages) if swap else None
         # In the policy's order when it has a waiting_key (the fast path), else in the order requests joined it.
         self.waiting = WaitingQueue(self.policy.waiting_key)
         self.running: list[Request] = []  # in admission order
@@ -73,17 +84,17 @@ class Scheduler:
         elif request in self.waiting:
             self.waiting.remove(request)
         request.drop_outputs_after(len(request.known_output_token_ids) - 1)  # what was sampled but not received
-        self._finish(request, FinishReason.ABORT)
+        self.finish(request, FinishReason.ABORT)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
     def can_ever_fit(self, num_tokens: int) -> bool:
-        cfg = self.config
-        pages = pages_for(num_tokens, cfg.page_size)
-        if self._window is not None:  # never more than a window and a full step's chunk
-            pages = min(pages, pages_for(self._window + cfg.max_num_batched_tokens - 1, cfg.page_size) + 1)
-        return num_tokens <= cfg.max_model_len and pages <= cfg.num_pages
+        cfg, G = self.config, self.cache.page_size
+        pages = pages_for(num_tokens, G)
+        if self.window is not None:
+            pages = max_pages_held(num_tokens, self.window, G, cfg.max_num_batched_tokens)
+        return num_tokens <= cfg.max_model_len and pages <= self.cache.num_pages
 
     def next_event_time(self) -> float | None:
         """When the policy will admit although no request arrives or finishes (a static batch's timeout)."""
@@ -93,7 +104,7 @@ class Scheduler:
         """Tokens of the request's context a fresh admission would find in the prefix cache."""
         if not self.pool.enable_caching:
             return 0
-        G = self.config.page_size
+        G = self.cache.page_size
         max_pages = (len(req.all_token_ids) - 1) // G  # as _lookup: the last token is always computed
         if len(req.page_hashes) < max_pages:
             chain_hashes(req.all_token_ids, G, req.page_hashes, upto=max_pages * G)
@@ -104,9 +115,9 @@ class Scheduler:
         """Walk the policy's ranking: each request gets its next chunk while the token budget and the slots last,
         making room (preempting lower-ranked requests) where the policy allows it."""
         now = self.clock.now()
-        if self._window is not None:
+        if self.window is not None:
             for req in self.running:
-                self._drop_outside_window(req)
+                drop_outside_window(self.pool, req, self.window, self.cache.page_size)
         step = _Step(
             SchedulerOutput([], 0, [], now),
             self.config.max_num_batched_tokens,
@@ -213,7 +224,7 @@ class Scheduler:
         computed = req.num_computed_tokens
         n = self._num_new_tokens(req, computed, step.budget)
         if n:
-            G = self.config.page_size
+            G = self.cache.page_size
             new_pages = (computed + n + G - 1) // G - req.num_dropped_pages - len(req.pages)  # pages_for - have
             if new_pages > 0:
                 if new_pages > self.pool.num_free:
@@ -242,7 +253,7 @@ class Scheduler:
 
     def _pages_wanted(self, place: _Placement, waiting: bool) -> int:
         # A newcomer also leaves the watermark free, so running sequences can grow.
-        return place.pages_needed + (self.config.watermark_pages if waiting and self.running else 0)
+        return place.pages_needed + (self.watermark_pages if waiting and self.running else 0)
 
     def _num_new_tokens(self, req: Request, computed: int, budget: int) -> int:
         left = len(req.all_token_ids) - computed
@@ -260,7 +271,7 @@ class Scheduler:
         return n
 
     def _placement(self, req: Request, budget: int) -> _Placement | None:
-        G = self.config.page_size
+        G = self.cache.page_size
         hits: list[int] = []
         if req.pages:  # running: extend (nothing to look up, revive or swap in)
             computed = req.num_computed_tokens
@@ -283,8 +294,8 @@ class Scheduler:
         total = pages_for(computed + n + len(drafts), G)
         if self.policy.reserve_to_completion and not req.pages:
             lifetime = pages_for(min(req.num_prompt_tokens + req.params.max_tokens, self.config.max_model_len), G)
-            if self._window is not None:  # what it holds at most once decoding, not what it passes through
-                lifetime = min(lifetime, pages_for(self._window, G) + 1)
+            if self.window is not None:  # what it holds at most once decoding, not what it passes through
+                lifetime = min(lifetime, pages_for(self.window, G) + 1)
             total = max(total, lifetime)
         revived = self.pool.num_unreferenced(hits)
         swapped_in = len(req.host_pages) if not req.pages else 0
@@ -293,7 +304,7 @@ class Scheduler:
     def _lookup(self, req: Request) -> list[int]:
         if not self.pool.enable_caching:
             return []
-        G = self.config.page_size
+        G = self.cache.page_size
         # Leave the last token to compute: the step must produce its logits.
         max_pages = (req.num_tokens - 1) // G
         chain_hashes(req.all_token_ids, G, req.page_hashes, upto=max_pages * G)
@@ -311,7 +322,7 @@ class Scheduler:
             req.pages = device
         elif not req.pages:
             if pool.enable_caching:
-                pool.record_query(req.num_tokens, len(place.hits) * self.config.page_size)
+                pool.record_query(req.num_tokens, len(place.hits) * self.cache.page_size)
             pool.incref(place.hits)
             req.pages = list(place.hits)
             req.num_registered_pages = len(place.hits)
@@ -354,7 +365,7 @@ class Scheduler:
         # Without device pages (admitted in a static batch, not placed yet) it holds nothing to move or drop: a
         # swapped-out request keeps its host pages.
         if req.pages:
-            k = pages_for(req.num_computed_tokens, self.config.page_size) - req.num_dropped_pages  # held, computed
+            k = pages_for(req.num_computed_tokens, self.cache.page_size) - req.num_dropped_pages  # held, computed
             host = self.host_pool
             if host is not None and k > 0 and host.can_allocate(k):
                 req.host_pages = host.allocate(k)
@@ -387,7 +398,7 @@ class Scheduler:
         request may have been preempted since (it still receives its token) or have a newer pending token (dropped
         if this one stops it)."""
         changed = []
-        caching, G, max_len = self.pool.enable_caching, self.config.page_size, self.config.max_model_len
+        caching, G, max_len = self.pool.enable_caching, self.cache.page_size, self.config.max_model_len
         sampled = sampled.tolist() if hasattr(sampled, "tolist") else sampled  # numpy: ints in one call, not one each
         for step, row in enumerate(sampled) if out.num_steps > 1 else ((0, sampled),):
             for seq, token in zip(out.seqs, row):
@@ -405,20 +416,20 @@ class Scheduler:
                     m.token_times.append(now)
                     changed.append(req)
                 if caching and req.status is _RUNNING and req.num_computed_tokens // G > req.num_registered_pages:
-                    self._register_full_pages(req)
+                    self.register_full_pages(req)
                 if seq.samples_token:
                     reason = req.stop_reason(i, eos_token_id, max_len)
                     if reason is not None:
                         out.num_wasted_tokens += seq.num_steps - 1 - step  # a block's steps past it (multi_step.py)
                         req.drop_outputs_after(i)
                         (self.running if req.status is RequestStatus.RUNNING else self.waiting).remove(req)
-                        self._finish(req, reason, now)
+                        self.finish(req, reason, now)
         return changed
 
-    def _register_full_pages(self, req: Request) -> None:
+    def register_full_pages(self, req: Request) -> None:
         """Offer the pages whose every token now has its KV computed to the prefix cache (and is known: pending
         tokens, of a block of steps or of a step already scheduled, cannot be hashed yet)."""
-        G = self.config.page_size
+        G = self.cache.page_size
         full = min(req.num_computed_tokens, len(req.all_token_ids) - req.num_pending_tokens) // G
         if full > req.num_registered_pages:
             chain_hashes(req.all_token_ids, G, req.page_hashes, upto=full * G)
@@ -427,19 +438,7 @@ class Scheduler:
                 self.pool.register(req.pages[i - req.num_dropped_pages], req.page_hashes[i])
             req.num_registered_pages = full
 
-    def _drop_outside_window(self, req: Request) -> None:
-        """Free the request's leading pages that hold only positions its next queries cannot read (the next query
-        is at position num_computed_tokens and reads positions > it - window). Pages already in the prefix cache
-        stay findable there until evicted."""
-        G = self.config.page_size
-        first_read = max(0, req.num_computed_tokens - self._window + 1) // G  # logical page of the oldest readable
-        k = min(first_read - req.num_dropped_pages, len(req.pages))
-        if k > 0:
-            self.pool.free(req.pages[:k])
-            del req.pages[:k]
-            req.num_dropped_pages += k
-
-    def _finish(self, req: Request, reason: FinishReason, now: float | None = None) -> None:
+    def finish(self, req: Request, reason: FinishReason, now: float | None = None) -> None:
         self.pool.free(req.pages)
         req.pages = []
         if req.host_pages:

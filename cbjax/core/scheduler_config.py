@@ -1,44 +1,55 @@
-"""The scheduler's sizes and switches (the engine fills them from EngineConfig and the model)."""
+"""SchedulerConfig: the scheduling sub-config of EngineConfig: the policy, the step's slot and token limits, chunked
+prefill, admission headroom, preemption, and how steps are dispatched (asynchronously, in blocks)."""
 
 import dataclasses
 
+from cbjax.config import validation as check
+from cbjax.config.section import Section
+from cbjax.core.policy_zoo import POLICIES, make_policy
+
+PREEMPTION_MODES = ("recompute", "swap")
+
 
 @dataclasses.dataclass(frozen=True)
-class SchedulerConfig:
+class SchedulerConfig(Section):
+    policy: str = "fcfs"  # scheduling policy: a name in cbjax.core.policy_zoo.POLICIES (docs/policies.md)
+    policy_options: dict | None = None  # the policy's constructor options, e.g. {"aging_s": 5.0}
     max_num_seqs: int = 64  # slots per step
-    max_num_batched_tokens: int = 512  # tokens per step, prefill chunks and decodes together
-    page_size: int = 16  # tokens per KV page
-    num_pages: int = 1024  # pages in the pool
-    max_model_len: int = 2048  # prompt + output tokens of one sequence
-    policy: str = "fcfs"  # a name in cbjax.core.policies.POLICIES
-    policy_options: dict = dataclasses.field(default_factory=dict)  # the policy's constructor options
+    max_num_batched_tokens: int = 512  # token budget per step (prefill chunks + decodes)
+    max_model_len: int | None = None  # prompt + output tokens; None: the model's max_position_embeddings
     enable_chunked_prefill: bool = True  # policies that do not say otherwise may split prompts over steps
-    # Pages kept free at admission so running sequences can grow without an immediate preemption.
-    watermark_pages: int = 0
-    # static: a new batch waits until full or until its oldest request waited this long (0: start at once).
-    static_batch_timeout_s: float = 0.0
-    preemption_mode: str = "recompute"  # recompute: drop the KV | swap: move it to host pages, bring it back
-    num_host_pages: int = 0  # swap: host pool size in pages; a victim that does not fit is recomputed
-    enable_prefix_caching: bool = False  # reuse full KV pages of identical prefixes (chained page hashes)
-    # The model attends to the last `sliding_window` positions only: with evict_outside_window, a sequence's pages
-    # that lie wholly before every position its next queries can read are freed (at most
-    # pages_for(sliding_window + new tokens - 1) + 1 pages held while it computes a chunk).
-    sliding_window: int | None = None
-    evict_outside_window: bool = True
-    # Up to this many decode steps per dispatch where that changes no scheduling decision (core/multi_step.py).
+    watermark_fraction: float = 0.01  # fraction of the pages kept free at admission, so running sequences can grow
+    static_batch_timeout_s: float = 0.0  # static: wait for a full batch or this long (0: start with what waits)
+    preemption_mode: str = "recompute"  # recompute: drop a victim's KV | swap: move it to host memory and back
+    # Schedule and start step n+1 before the results of step n reach the host (its sampled tokens are fed to step
+    # n+1 on the device), so host work overlaps the device's. False: one step at a time.
+    async_scheduling: bool = True
+    # Up to this many decode steps per dispatch, where that changes no scheduling decision (nothing waits, every
+    # running sequence decodes): the host's work is paid once per block (cbjax/core/multi_step.py, vLLM's option of
+    # the same name). Tokens then reach the host, and stream, a block at a time; 1: one step per dispatch.
     num_scheduler_steps: int = 1
 
-    def __post_init__(self):
-        sizes = ("max_num_seqs", "max_num_batched_tokens", "page_size", "num_pages", "max_model_len")
-        for name in (*sizes, "num_scheduler_steps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.preemption_mode not in ("recompute", "swap"):
-            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
-        if self.num_host_pages < 0:
-            raise ValueError(f"num_host_pages must be >= 0, got {self.num_host_pages}")
-        if self.sliding_window is not None and self.sliding_window < 1:
-            raise ValueError(f"sliding_window must be >= 1 or None, got {self.sliding_window}")
+    def checked(self) -> dict:
+        values = dict(
+            policy=check.choice("policy", self.policy, sorted(POLICIES)),
+            policy_options=check.mapping("policy_options", self.policy_options) or None,
+            max_num_seqs=check.integer("max_num_seqs", self.max_num_seqs, 1),
+            max_num_batched_tokens=check.integer("max_num_batched_tokens", self.max_num_batched_tokens, 1),
+            max_model_len=check.optional_integer("max_model_len", self.max_model_len, 1),
+            enable_chunked_prefill=check.boolean("enable_chunked_prefill", self.enable_chunked_prefill),
+            watermark_fraction=check.real("watermark_fraction", self.watermark_fraction, 0.0, 1.0, high_open=True),
+            static_batch_timeout_s=check.real("static_batch_timeout_s", self.static_batch_timeout_s, 0.0),
+            preemption_mode=check.choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES),
+            async_scheduling=check.boolean("async_scheduling", self.async_scheduling),
+            num_scheduler_steps=check.integer("num_scheduler_steps", self.num_scheduler_steps, 1),
+        )
+        self.make_policy(values)  # its options' names, types and ranges (a cheap object)
+        return values
+
+    def make_policy(self, values: dict | None = None):
+        """A new policy object as configured (`values`: this config's checked fields, while it is being built)."""
+        v = values or dataclasses.asdict(self)
+        return make_policy(v["policy"], v["policy_options"], batch_timeout_s=v["static_batch_timeout_s"])
 
 
 def pages_for(num_tokens: int, page_size: int) -> int:

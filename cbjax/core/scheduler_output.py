@@ -15,7 +15,8 @@ class ScheduledSeq:
     num_new_tokens: int  # tokens computed this step
     samples_token: bool  # the chunk reaches the end of the context: the step samples one new token for it
     # Speculation: draft tokens computed after the context's last token (counted in num_new_tokens). The step
-    # verifies them and returns the accepted ones followed by one sampled token (cbjax/runner/verify.py).
+    # verifies them and returns the accepted ones followed by one sampled token
+    # (cbjax/runner/speculation/verification.py).
     draft_token_ids: list[int] | tuple = ()
     # Multi-step decoding (cbjax/core/multi_step.py): this decode runs this many of the block's steps, one token each.
     num_steps: int = 1

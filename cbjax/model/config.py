@@ -2,6 +2,8 @@
 
 import dataclasses
 
+from cbjax.config.model import DTYPES
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -38,8 +40,8 @@ class ModelConfig:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         for name in ("dtype", "matmul_dtype"):
             value = getattr(self, name)
-            if value not in ("float32", "bfloat16", "float16") and not (name == "matmul_dtype" and value is None):
-                raise ValueError(f"{name} must be float32, bfloat16 or float16, got {value!r}")
+            if value not in DTYPES and not (name == "matmul_dtype" and value is None):
+                raise ValueError(f"{name} must be one of {DTYPES}, got {value!r}")
 
     @property
     def dim_per_head(self) -> int:

@@ -1,5 +1,5 @@
 """How the engine runs a model's linear layers: as loaded (XLA's dot), weight-only int8 (quantize.py), or float32
-on the CPU matmul kernel over pre-packed weights (packed_linear.py, kernels_pallas/cpu_gemm.py).
+on the CPU matmul kernel over pre-packed weights (packed_linear.py, kernels_pallas/cpu/gemm.py).
 
 `cpu_matmul` ("auto" | "packed" | "xla"; the CBJAX_MATMUL environment variable overrides it): "auto" packs a
 float32 model served on the CPU backend without tensor parallelism when the kernel builds here, else keeps XLA's
@@ -14,11 +14,11 @@ import os
 import jax
 from flax import nnx
 
+from cbjax.config.model import CPU_MATMULS
 from cbjax.model.packed_linear import pack_model, unpackable_reason
 from cbjax.model.quantize import quantize_model
-from kernels_pallas import cpu_gemm
+from kernels_pallas.cpu import gemm as cpu_gemm
 
-CPU_MATMULS = ("auto", "packed", "xla")
 ENV_VAR = "CBJAX_MATMUL"
 _log = logging.getLogger("cbjax")
 

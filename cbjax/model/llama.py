@@ -17,6 +17,7 @@ from flax import nnx
 from cbjax.model.config import ModelConfig
 from cbjax.model.rope import apply_rope, inv_frequencies
 from kernels_pallas import kv_quant, ragged_attention
+from kernels_pallas.choices import KV_CACHE_DTYPES
 
 
 class AttentionMetadata(typing.NamedTuple):
@@ -278,8 +279,8 @@ def init_model(cfg: ModelConfig, seed: int = 0, on_host: bool = False) -> Llama:
 
 def kv_cache_dtype(cfg: ModelConfig, kv_cache_dtype: str | None = "auto") -> jnp.dtype:
     """The dtype of the KV pages: the model's for "auto" (or None), else the one named (int8: kv_quant.py)."""
-    if kv_cache_dtype not in (None, *kv_quant.KV_CACHE_DTYPES):
-        raise ValueError(f"kv_cache_dtype must be one of {kv_quant.KV_CACHE_DTYPES}, got {kv_cache_dtype!r}")
+    if kv_cache_dtype not in (None, *KV_CACHE_DTYPES):
+        raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}")
     return jnp.dtype(cfg.dtype if kv_cache_dtype in (None, "auto") else kv_cache_dtype)
 
 

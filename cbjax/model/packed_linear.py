@@ -1,4 +1,4 @@
-"""Float32 linear layers with their weights pre-packed for the CPU matmul kernel (kernels_pallas/cpu_gemm.py).
+"""Float32 linear layers with their weights pre-packed for the CPU matmul kernel (kernels_pallas/cpu/gemm.py).
 
 At decode sizes a step's matmuls are bound by reading the weights; XLA:CPU's dot re-packs every weight matrix on
 every call. `pack_model` lays each linear's kernel out once, at load time, as the kernel's panels [ceil(N / 32),
@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from kernels_pallas import cpu_gemm
+from kernels_pallas.cpu import gemm as cpu_gemm
 
 # The linears of a Llama layer (and the model's untied LM head), by attribute name.
 _ATTN = ("qkv_proj", "o_proj")

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-QUANTIZATIONS = ("int8",)
+from cbjax.config.model import QUANTIZATIONS
 
 
 def quantize_rows(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:

@@ -14,8 +14,8 @@ import typing
 
 import numpy as np
 
+from cbjax.runner.speculation.verify_rows import VerifyRows
 from cbjax.runner.step_input import StepInput
-from cbjax.runner.verify_rows import VerifyRows
 
 # The int32 buffer's fields, in order (seeds are uint32: their bits ride in the int32 buffer).
 INT_FIELDS = (

@@ -16,6 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cbjax.model.config import ModelConfig
+from cbjax.model.llama import kv_cache_dtype as kv_cache_dtype_of
+
 # Smallest bucket: below this the per-call overhead dominates, and fewer buckets mean fewer programs to compile.
 MIN_BUCKET = 4
 # Largest bucket (pages per call): 64 pages bounds both the staging buffers and the padding waste of one call.
@@ -176,3 +179,32 @@ class HostKVPool:
             kv_caches = _scatter(kv_caches, idx, zeros)
         jax.block_until_ready(kv_caches)
         return kv_caches
+
+
+def build_host_pool(
+    cfg: ModelConfig,
+    num_host_pages: int,
+    *,
+    num_device_pages: int,
+    page_size: int,
+    kv_cache_dtype: str,
+    max_pages_per_call: int = MAX_PAGES_PER_CALL,
+) -> HostKVPool | None:
+    """The host pool of `num_host_pages` pages for a device cache of `cfg` (allocate_kv_cache's geometry and dtype),
+    or None for 0 (swapping off). Swaps move at most `max_pages_per_call` pages per device call (page_buckets)."""
+    if num_host_pages < 0:
+        raise ValueError(f"num_host_pages must be >= 0, got {num_host_pages}")
+    if num_host_pages == 0:
+        return None
+    dt = kv_cache_dtype_of(cfg, kv_cache_dtype)
+    return HostKVPool(
+        num_host_pages,
+        num_device_pages=num_device_pages,
+        num_layers=cfg.num_layers,
+        num_kv_heads=cfg.num_kv_heads,
+        page_size=page_size,
+        head_dim=cfg.dim_per_head,
+        dtype=dt,
+        max_pages_per_call=max_pages_per_call,
+        quantized=dt == jnp.int8,
+    )

@@ -1,192 +1,129 @@
-"""ModelRunner: owns the parameters and the paged KV cache on device and runs one jitted step per call."""
+"""ModelRunner: owns the parameters and the paged KV cache on device and runs one jitted step per call.
+
+Built by cbjax.runner.build.build_model_runner (or from the builders it calls, which tests use one by one); the
+constructor only assembles the parts.
+"""
 
 import functools
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from cbjax.core.runner_contract import WARMUP_MODES
 from cbjax.core.scheduler_output import SchedulerOutput
-from cbjax.model.llama import Llama, kv_cache_arrays
-from cbjax.model.llama import kv_cache_dtype as kv_cache_dtype_of
-from cbjax.runner import kv_swap, sharding
-from cbjax.runner.compile_counter import CompileCounter
-from cbjax.runner.draft_runner import DraftRunner
+from cbjax.model.llama import Llama
+from cbjax.runner import sharding
+from cbjax.runner.compilation.counter import CompileCounter
+from cbjax.runner.compilation.program_family import ProgramFamily
+from cbjax.runner.compilation.program_store import ProgramStore
 from cbjax.runner.flat_input import FlatStepInput, flat_input
-from cbjax.runner.program_cache import ProgramCache
-from cbjax.runner.static_arg import intern
+from cbjax.runner.kv_cache import num_device_pages
+from cbjax.runner.kv_swap import HostKVPool
+from cbjax.runner.placement import PlacedParams, Placement
+from cbjax.runner.speculation.draft_runner import DraftRunner
+from cbjax.runner.speculation.verification import Speculation
+from cbjax.runner.speculation.verify_rows import verified_tokens
 from cbjax.runner.step_handle import StepHandle
 from cbjax.runner.step_input import BucketTable, StepInput, empty_step_input
 from cbjax.runner.step_packer import StepPacker
 from cbjax.runner.step_program import step_program
-from cbjax.runner.step_programs import StepPrograms
-from cbjax.runner.verify import Speculation
-from cbjax.runner.verify_rows import verified_tokens
 from kernels_pallas.xla_attention import resolve_cpu_impls
-
-WARMUP_MODES = ("full", "background", "none")
 
 
 class ModelRunner:
     """Packs a SchedulerOutput into a StepInput, runs the compiled step, returns the sampled tokens on host.
 
-    The KV cache is `num_pages + 1` pages per layer ([K, P+1, G, H] for K and V each): the extra page takes the
-    writes of padding tokens, so they never touch a live page.
+    The KV cache is `num_pages + 1` pages per layer (kv_cache.py): the extra page takes the writes of padding
+    tokens, so they never touch a live page. With a `host_pool` (kv_swap.py) the runner swaps KV pages to and from
+    host memory (preemption by swap); without one, swapping is off. With `speculation`, a second program per token
+    bucket verifies drafts (proposed on the device by `draft`, or by the scheduler's n-gram proposer without one).
+    `num_scheduler_steps` > 1: a third program family runs blocks of that many decode steps (decode_loop.py).
 
-    With `num_host_pages > 0` the runner also owns a host-memory pool of that many KV pages, the target of the
-    scheduler's swap-outs (preemption by swap); 0 disables swapping. Swaps move at most `swap_pages_per_call`
-    pages per device call (see kv_swap.page_buckets).
+    Two optional hooks, None by default (then each costs one attribute check per step):
+    `timed(part)` returns a context manager wrapped around each part of the runner's host work in a step: "pack"
+    (the step's input), "launch" (the program call) and "fetch" (waiting for the sampled tokens and reading them);
+    cbjax/bench/host_timers.py times them. `on_dispatch(handle)` is called with every dispatched StepHandle
+    (its `inp` holds the packed input): experiments/throughput.py records them to replay the steps.
     """
+
+    advances_clock = False  # time passes on its own (the Runner contract, cbjax/core/runner_contract.py)
 
     def __init__(
         self,
         model: Llama,
         *,
-        num_pages: int,
-        page_size: int,
+        weights: PlacedParams,
+        kv_caches: list,
+        placement: Placement,
         buckets: BucketTable,
-        backend: str = "xla",
+        backend: str,
         interpret: bool = False,
-        num_host_pages: int = 0,
-        swap_pages_per_call: int = kv_swap.MAX_PAGES_PER_CALL,
-        program_cache_dir: str | None = None,
-        device: "jax.Device | None" = None,
-        mesh: "jax.sharding.Mesh | None" = None,
-        kv_cache_dtype: str = "auto",
-        acceptance=None,
-        draft_model: Llama | None = None,
+        compiles: CompileCounter | None = None,
+        host_pool: HostKVPool | None = None,
+        speculation: Speculation | None = None,
+        draft: DraftRunner | None = None,
+        program_store: ProgramStore | None = None,
         num_scheduler_steps: int = 1,
     ):
-        """`kv_cache_dtype`: the KV pages' dtype ("auto": the model's; "int8": kernels_pallas/kv_quant.py).
-        `acceptance`: the rule verifying drafts (cbjax/runner/acceptance.py) when buckets.max_draft_tokens > 0.
-        `draft_model`: drafts come from this model, proposed on the device in each verifying step
-        (draft_runner.py, draft_proposals.py); None: from the scheduler's proposer (n-gram).
-        `num_scheduler_steps` > 1: a third program family runs blocks of that many decode steps (decode_loop.py)."""
-        cfg = model.cfg
-        # The device this runner's parameters, KV pages and programs live on (None: jax's default). Replicas of a
-        # data-parallel engine each get their own. Or a ("data", "model") mesh: tensor parallelism (sharding.py).
-        if device is not None and mesh is not None:
-            raise ValueError("a runner takes a device or a mesh, not both")
-        self.device, self.mesh = device, mesh
-        if mesh is not None:
-            replicated = NamedSharding(mesh, PartitionSpec())
-            put = lambda x: sharding.put_global(x, replicated)
-        else:
-            put = (lambda x: x) if device is None else (lambda x: jax.device_put(x, device))
-        self.cfg = cfg
-        self.model = model
-        graphdef, state = nnx.split(model)
-        # Flattened once: flattening an nnx.State sorts its keys, which cost ~1 ms per step on the host.
-        leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(state)
-        if mesh is not None:
-            self.params = sharding.place_params(leaves_with_paths, mesh)
-        else:
-            self.params = put([leaf for _, leaf in leaves_with_paths])
-        self.graphdef = intern((graphdef, treedef))
-        self.buckets = buckets
-        K = buckets.max_draft_tokens
-        if K:
-            from cbjax.runner.acceptance import RejectionSampling, SampleAndMatch
-
-            default = SampleAndMatch() if draft_model is None else RejectionSampling()
-            self.speculation = Speculation(K, acceptance if acceptance is not None else default)
-        else:
-            self.speculation = None
-        if draft_model is not None and (not K or mesh is not None):
-            raise ValueError("a draft model needs speculation (max_draft_tokens > 0) and no tensor parallelism")
-        self.page_size = page_size
-        self.num_pages = num_pages
-        self.pad_page = num_pages
-        self.backend = backend
-        self.interpret = interpret
-        dt = kv_cache_dtype_of(cfg, kv_cache_dtype)
-        # Per layer (k_pages, v_pages), and for int8 pages their scales [K, P+1, G, 1] too (kernels_pallas/kv_quant.py).
-        arrays = kv_cache_arrays(cfg, num_pages + 1, page_size, kv_cache_dtype)
-        if mesh is not None:
-            kv_sharding = NamedSharding(mesh, sharding.kv_spec(cfg.num_kv_heads, mesh))
-            zeros = lambda shape, dt: sharding.zeros_global(shape, dt, kv_sharding)
-        else:
-            zeros = lambda shape, dt: put(jnp.zeros(shape, dt))
-        self.kv_caches = [tuple(zeros(*a) for a in arrays) for _ in range(cfg.num_layers)]
-        # Several processes (multi-host, jax.distributed): the step's host inputs become global arrays too.
-        self._global_inputs = mesh is not None and jax.process_count() > 1
-        if num_host_pages < 0:
-            raise ValueError(f"num_host_pages must be >= 0, got {num_host_pages}")
-        self.num_host_pages = num_host_pages
-        self.host_pool = (
-            None
-            if num_host_pages == 0
-            else kv_swap.HostKVPool(
-                num_host_pages,
-                num_device_pages=num_pages,
-                num_layers=cfg.num_layers,
-                num_kv_heads=cfg.num_kv_heads,
-                page_size=page_size,
-                head_dim=cfg.dim_per_head,
-                dtype=dt,
-                max_pages_per_call=swap_pages_per_call,
-                quantized=dt == jnp.int8,
-            )
-        )
-        self.compiles = CompileCounter()  # programs this runner's calls compiled (warmup included)
-        # Abstract values of the step's array arguments: programs are lowered from these, never from the live
-        # caches (the serving thread donates those while a background thread builds).
-        placed = device is not None or mesh is not None  # else lowered for jax's default device, as before
-        self._avals = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding if placed else None),
-            (self.params, self.kv_caches),
-        )
-        self.draft = None
-        if draft_model is not None:
-            cpu_impls = resolve_cpu_impls() if backend == "xla" else None
-            self.draft = DraftRunner(
-                draft_model,
-                num_pages=num_pages,
-                page_size=page_size,
-                buckets=buckets,
-                backend=backend,
-                interpret=interpret,
-                kv_cache_dtype=kv_cache_dtype,
-                put=put,
-                device=device,
-                cpu_impls=cpu_impls,
-                compiles=self.compiles,
-            )
-        self.programs = StepPrograms(buckets.token_buckets, self._build_program, self._program_key, self.compiles)
-        # Speculation: a second program per bucket for the steps that verify drafts; a step without drafts (k = 0
-        # from an adaptive rule, or no proposal) runs the plain program and costs what it costs without speculation.
-        self.verify_programs = None
-        family = lambda buckets, **kind: StepPrograms(
-            buckets, *(functools.partial(f, **kind) for f in (self._build_program, self._program_key)), self.compiles
-        )
-        if self.speculation is not None:
-            self.verify_programs = family(buckets.token_buckets, verify=True)
-        # Blocks of decode steps (the scheduler plans none with speculation): a program per bucket of decodes only.
-        self.block_programs, self.decode_steps = None, num_scheduler_steps
-        if num_scheduler_steps > 1 and not K:
-            top = buckets.token_bucket(min(buckets.max_num_seqs, buckets.token_buckets[-1]))
-            self.block_programs = family([n for n in buckets.token_buckets if n <= top], steps=num_scheduler_steps)
-        # Compiled step programs saved on disk for the next process (None: off).
-        # (Not for a runner on another device than the default: a serialized program keeps its device assignment.)
-        on_default = mesh is None and (device is None or device == jax.devices()[0])
-        self.program_cache = None if program_cache_dir is None or not on_default else ProgramCache(program_cache_dir)
+        """`weights` and `kv_caches` placed by `placement` (place_params, allocate_kv_cache); `compiles` counts the
+        programs this runner's calls compile (warmup included; a draft runner's too, so it is shared with `draft`);
+        `program_store`: compiled step programs saved on disk for the next process (None: off)."""
+        self.model, self.cfg = model, model.cfg
+        self.placement, self.device, self.mesh = placement, placement.device, placement.mesh
+        self.params, self.graphdef = weights
+        self.kv_caches = kv_caches
+        self.buckets, self.page_size = buckets, buckets.page_size
+        self.num_pages = self.pad_page = num_device_pages(kv_caches)  # the spare page follows the live ones
+        self.backend, self.interpret = backend, interpret
+        self.compiles = CompileCounter() if compiles is None else compiles
+        self.host_pool, self.speculation, self.draft = host_pool, speculation, draft
+        self.program_cache = program_store
+        self._global_inputs = placement.global_inputs
+        self._avals = placement.abstract((self.params, self.kv_caches))  # what the programs are lowered from
+        self.decode_steps = num_scheduler_steps
+        self.programs, self.verify_programs, self.block_programs = self._families(num_scheduler_steps)
         self.swap_out_bytes_total = 0
         self.swap_in_bytes_total = 0
         # The last dispatched step's sampled tokens, on the device: the next step reads its pending tokens from
         # there (the packer knows each request's slot in that step).
-        self._prev_tokens = self._no_pending = put(jnp.zeros(buckets.max_num_seqs, jnp.int32))
+        self.pending_tokens = self._no_pending = placement.put(jnp.zeros(buckets.max_num_seqs, jnp.int32))
         self.packer = StepPacker(buckets, self.pad_page)
         self.last_step: StepHandle | None = None  # the last dispatched step
+        self.timed: Callable[[str], AbstractContextManager] | None = None
+        self.on_dispatch: Callable[[StepHandle], None] | None = None
+
+    def _families(self, num_scheduler_steps: int) -> tuple[ProgramFamily, ProgramFamily | None, ProgramFamily | None]:
+        """The step programs (one per token bucket), the verifying ones (with speculation: a step without drafts
+        runs the plain program and costs what it costs without speculation), and the blocks of decode steps (the
+        scheduler plans none with speculation: a program per bucket of decodes only)."""
+        b = self.buckets
+        family = lambda buckets, **kind: ProgramFamily(
+            buckets, *(functools.partial(f, **kind) for f in (self._build_program, self._program_key)), self.compiles
+        )
+        plain = ProgramFamily(b.token_buckets, self._build_program, self._program_key, self.compiles)
+        verify = blocks = None
+        if self.speculation is not None:
+            verify = family(b.token_buckets, verify=True)
+        if num_scheduler_steps > 1 and not b.max_draft_tokens:
+            top = b.token_bucket(min(b.max_num_seqs, b.token_buckets[-1]))
+            blocks = family([n for n in b.token_buckets if n <= top], steps=num_scheduler_steps)
+        return plain, verify, blocks
 
     @property
     def num_compiles(self) -> int:
         return self.compiles.num_compiles
 
-    def _run(self, inp: "StepInput | FlatStepInput", verify: bool = False):
-        """Run the step program of `inp`'s kind and bucket; its tokens stay on the device."""
+    def run_input(self, inp: "StepInput | FlatStepInput", verify: bool = False):
+        """Run a packed step input on the program of its kind and bucket (built now if it is not yet), on this
+        runner's parameters and KV cache (the step's KV writes land there) and the last dispatched step's pending
+        tokens; returns the sampled tokens, still on the device (for a block of decode steps: every step's and the
+        last step's). `dispatch` packs and runs a step through this; benchmarks replay recorded inputs with it
+        (experiments/throughput.py) or time one program (experiments/profile_step.py)."""
         flat = flat_input(inp)
         programs = self.block_programs if flat.layout.blocks else self.programs
         program = (self.verify_programs if verify else programs).get(flat.layout.T)
@@ -197,10 +134,10 @@ class ModelRunner:
         if verify and self.draft is not None:
             d = self.draft
             tokens, self.kv_caches, d.kv_caches = program(
-                self.params, self.kv_caches, *args, self._prev_tokens, d.params, d.kv_caches
+                self.params, self.kv_caches, *args, self.pending_tokens, d.params, d.kv_caches
             )
         else:
-            tokens, self.kv_caches = program(self.params, self.kv_caches, *args, self._prev_tokens)
+            tokens, self.kv_caches = program(self.params, self.kv_caches, *args, self.pending_tokens)
         return tokens
 
     def _program_key(self, T: int, verify: bool = False, steps: int = 1) -> tuple:
@@ -238,10 +175,7 @@ class ModelRunner:
         b = self.buckets
         flat = flat_input(self._padding_input(T, verify, steps))
         params, kv_caches = self._avals
-        placed = self.device is not None or self.mesh is not None
-        prev = jax.ShapeDtypeStruct(
-            (b.max_num_seqs,), jnp.int32, sharding=self._prev_tokens.sharding if placed else None
-        )
+        prev = self.placement.abstract(self._no_pending)
         args, outs = (params, kv_caches, flat.ints, flat.floats, flat.verify, prev), (prev, kv_caches)
         if steps > 1:  # a block of decode steps: every step's tokens, and the last step's
             outs = ((jax.ShapeDtypeStruct((steps, b.max_num_seqs), jnp.int32), prev), kv_caches)
@@ -301,13 +235,15 @@ class ModelRunner:
         all-padding input: its KV writes go to the spare page and its tokens are dropped. The first run of a
         program in a process, and a fresh runner's first step, take 2-4x a later run of the same shape (a fresh
         engine's first step in experiments/sim_fidelity.py: 88 ms against 20, docs/sim.md): a full warmup,
-        and wait_for_programs, pay that here rather than in the first served steps (a timed run's, a simulator
+        and wait_until_warm, pay that here rather than in the first served steps (a timed run's, a simulator
         calibration's). Call it between steps, from the thread that dispatches them."""
         n = self.decode_steps
         kinds = ((self.programs, False, 1), (self.verify_programs, True, 1), (self.block_programs, False, n))
         for programs, verify, steps in kinds:
             if programs is not None:
-                run = lambda T, v=verify, n=steps: jax.block_until_ready(self._run(self._padding_input(T, v, n), v))
+                run = lambda T, v=verify, n=steps: jax.block_until_ready(
+                    self.run_input(self._padding_input(T, v, n), v)
+                )
                 programs.prime(run)
 
     def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> tuple[float, int, int]:
@@ -342,21 +278,37 @@ class ModelRunner:
             handle.swap_s, handle.swap_out_bytes, handle.swap_in_bytes = self.swap(out.swap_out, out.swap_in)
         if out.seqs:
             handle.verified = verify = self.speculation is not None and out.num_draft_tokens > 0
-            inp, handle.order = self.packer.pack(out, verify)
-            handle.tokens = self._run(inp, verify)
+            timed = self.timed
+            if timed is None:
+                inp, handle.order = self.packer.pack(out, verify)
+                handle.tokens = self.run_input(inp, verify)
+            else:
+                with timed("pack"):
+                    inp, handle.order = self.packer.pack(out, verify)
+                with timed("launch"):
+                    handle.tokens = self.run_input(inp, verify)
             # A verifying step is received before the next is scheduled (the engine waits for it), so the next
             # step has no pending token to read from it. A block's next step reads its last step's tokens.
             if out.num_steps > 1:
-                handle.tokens, self._prev_tokens = handle.tokens
+                handle.tokens, self.pending_tokens = handle.tokens
             else:
-                self._prev_tokens = self._no_pending if verify else handle.tokens
-            handle.padded_tokens = inp.layout.T
+                self.pending_tokens = self._no_pending if verify else handle.tokens
+            handle.inp, handle.padded_tokens = inp, inp.layout.T
         self.last_step = handle
+        if self.on_dispatch is not None:
+            self.on_dispatch(handle)
         return handle
 
     def fetch(self, handle: StepHandle) -> np.ndarray:
         """Wait for a dispatched step; returns one sampled token per scheduled sequence, in out.seqs order (ignored
         where it does not sample); for a block of decode steps, a row of them per step."""
+        timed = self.timed
+        if timed is None:
+            return self._fetch(handle)
+        with timed("fetch"):
+            return self._fetch(handle)
+
+    def _fetch(self, handle: StepHandle) -> np.ndarray:
         if handle.tokens is None:
             return np.empty(0, np.int32)
         t0 = time.perf_counter()
@@ -377,13 +329,14 @@ class ModelRunner:
         return result
 
     @property
-    def _program_families(self) -> list[StepPrograms]:
+    def _program_families(self) -> list[ProgramFamily]:
         families = [self.programs, self.verify_programs, self.block_programs]
         families += [self.draft.prefill_programs] if self.draft is not None else []
         return [f for f in families if f is not None]
 
-    def wait_for_programs(self) -> None:
-        """Until every step program (of every family) is built, then `prime` them."""
+    def wait_until_warm(self) -> None:
+        """Return once every step program (of every family) is built and has run once (`prime`): a timed run that
+        starts now compiles nothing and pays no first run. Call it between steps."""
         for programs in self._program_families:
             programs.wait()
         self.prime()

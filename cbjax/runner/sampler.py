@@ -25,7 +25,7 @@ def argmax_last(x, block: int = 128):
     return (best_block * block + jnp.argmax(inside, axis=-1)).astype(jnp.int32)
 
 
-def _filter_top_k_top_p(x, top_k, top_p):
+def filter_top_k_top_p(x, top_k, top_p):
     """x [B, V] scaled logits -> x with everything outside each row's top-k and top-p nucleus set to -inf."""
     V = x.shape[-1]
     sorted_desc = -jnp.sort(-x, axis=-1)
@@ -48,12 +48,12 @@ def sampling_logits(logits, temperature, top_k, top_p):
     t = jnp.where(temperature > 0, temperature, 1.0)
     x = logits / t[:, None]
     needs_filter = jnp.any((top_k > 0) | (top_p < 1.0))
-    return jax.lax.cond(needs_filter, lambda: _filter_top_k_top_p(x, top_k, top_p), lambda: x)
+    return jax.lax.cond(needs_filter, lambda: filter_top_k_top_p(x, top_k, top_p), lambda: x)
 
 
 def row_keys(seeds, counters, stream: int = 0):
     """One PRNG key per row from (request seed, output index) alone; `stream` > 0 gives independent keys for the
-    same token (speculative decoding's draft sample and acceptance draw, cbjax/runner/acceptance.py)."""
+    same token (speculative decoding's draft sample and acceptance draw, cbjax/runner/speculation/acceptance.py)."""
     keys = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(seeds, counters)
     return keys if stream == 0 else jax.vmap(lambda k: jax.random.fold_in(k, stream))(keys)
 

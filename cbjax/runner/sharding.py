@@ -57,7 +57,7 @@ def param_spec(path: tuple[str, ...], shape: tuple[int, ...], model_size: int) -
     return P()
 
 
-def place_params(leaves_with_paths, mesh: Mesh) -> list:
+def shard_params(leaves_with_paths, mesh: Mesh) -> list:
     """Each parameter leaf on the mesh by its rule; returns the placed leaves, in order."""
     size = mesh.shape["model"]
     out = []

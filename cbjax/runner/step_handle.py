@@ -5,11 +5,13 @@ import dataclasses
 import jax
 
 from cbjax.core.scheduler_output import SchedulerOutput
+from cbjax.runner.flat_input import FlatStepInput
 
 
 @dataclasses.dataclass
 class StepHandle:
-    """A dispatched step: what it ran and what it cost; its tokens stay on the device until `fetch`."""
+    """A dispatched step: what it ran and what it cost; its tokens stay on the device until `fetch`. (It keeps the
+    fields of cbjax.core.runner_contract.StepHandle.)"""
 
     out: SchedulerOutput
     tokens: jax.Array | None  # [max_num_seqs] int32 on the device (None: a swap-only step)
@@ -19,4 +21,6 @@ class StepHandle:
     swap_out_bytes: int = 0
     swap_in_bytes: int = 0
     wait_s: float = 0.0  # how long fetch waited for the device
-    verified: bool = False  # a speculative step: tokens are [max_num_seqs, K + 2] (cbjax/runner/verify.py)
+    # A speculative step: tokens are [max_num_seqs, K + 2] (cbjax/runner/speculation/verification.py).
+    verified: bool = False
+    inp: FlatStepInput | None = None  # the packed input the step ran (None: a swap-only step)

@@ -15,7 +15,7 @@ import numpy as np
 
 from cbjax.core.request import PENDING_TOKEN, Request
 from cbjax.core.scheduler_output import SchedulerOutput
-from cbjax.runner.verify_rows import VerifyRows, empty_verify_rows, pack_verify_rows
+from cbjax.runner.speculation.verify_rows import VerifyRows, empty_verify_rows, pack_verify_rows
 
 
 class StepInput(typing.NamedTuple):
@@ -71,6 +71,13 @@ class BucketTable:
     ) -> "BucketTable":
         tokens = token_buckets(min(min_tokens, max_num_batched_tokens), max_num_batched_tokens)
         return cls(tuple(tokens), max_num_seqs, page_size, -(-max_model_len // page_size), max_draft_tokens)
+
+    @classmethod
+    def from_config(cls, sched, cache, max_draft_tokens: int = 0) -> "BucketTable":
+        """The table of an engine's resolved SchedulerConfig and CacheConfig (the shapes are derived from them)."""
+        return cls.build(
+            sched.max_num_batched_tokens, sched.max_model_len, cache.page_size, sched.max_num_seqs, 16, max_draft_tokens
+        )
 
     def slots(self, T: int) -> int:
         return min(T, self.max_num_seqs)

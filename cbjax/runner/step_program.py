@@ -1,6 +1,6 @@
 """The step program: one jitted forward pass over a step's flat batch of tokens, then the LM head and sampling (or
 the verification of drafts) on each sequence's last token; or a block of decode steps in a device loop. The
-ModelRunner lowers and compiles one per token bucket and kind (step_programs.py)."""
+ModelRunner lowers and compiles one per token bucket and kind (compilation/program_family.py)."""
 
 import functools
 
@@ -11,10 +11,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from cbjax.model.llama import AttentionMetadata
 from cbjax.runner.decode_loop import decode_block
-from cbjax.runner.draft_proposals import propose_drafts, row_draft_probs, with_drafts
 from cbjax.runner.flat_input import InputLayout
 from cbjax.runner.head_sample import head_and_sample
-from cbjax.runner.verify import head_and_verify
+from cbjax.runner.speculation.draft_proposals import propose_drafts, row_draft_probs, with_drafts
+from cbjax.runner.speculation.verification import head_and_verify
 
 
 @functools.partial(
@@ -53,7 +53,7 @@ def step_program(
     """params: the model state's leaves; graphdef: interned (GraphDef, state treedef); (ints, floats, verify_rows):
     the step's input as `layout` flattened it (flat_input.py); prev_tokens: the previous step's sampled tokens
     [max_num_seqs], still on the device. Returns this step's, padded the same way.
-    With `speculation`: tokens are [max_num_seqs, K + 2] per slot (cbjax/runner/verify.py); column 0 feeds the
+    With `speculation`: tokens are [max_num_seqs, K + 2] per slot (speculation/verification.py); column 0 feeds the
     pending tokens of the next step. With a draft model too (`draft_graphdef`, its params and KV): the drafts are
     proposed here first (draft_proposals.py) and the draft's KV comes back as a third output. With
     `decode_steps` > 1: a block of that many decode steps (decode_loop.py); its tokens are

@@ -6,7 +6,6 @@ Routes, options and measurements: docs/serve.md.
 """
 
 import contextlib
-import dataclasses
 import json
 import logging
 import types
@@ -37,22 +36,22 @@ _JSON_OPTIONS = {"policy_options": "policy options", "speculative_config": "spec
 
 
 def _define_engine_flags() -> dict[str, flags.FlagHolder]:
-    """One flag per EngineConfig field, default None (= the engine's default, named in the help)."""
+    """One flag per engine option, default None (= the engine's default, named in the help)."""
     holders = {}
-    for f in dataclasses.fields(EngineConfig):
-        help = f"engine option (default {f.default!r}; cbjax/engine_config.py:EngineConfig)"
-        args = typing.get_args(f.type) if isinstance(f.type, types.UnionType) else (f.type,)
+    for name, kind, default in EngineConfig.option_fields():
+        help = f"engine option (default {default!r}; cbjax/engine_config.py:EngineConfig)"
+        args = typing.get_args(kind) if isinstance(kind, types.UnionType) else (kind,)
         kinds = {a for a in args if a is not type(None)}
-        if f.name in _JSON_OPTIONS:
-            holders[f.name] = flags.DEFINE_string(f.name, None, f"{_JSON_OPTIONS[f.name]} as a JSON object; " + help)
+        if name in _JSON_OPTIONS:
+            holders[name] = flags.DEFINE_string(name, None, f"{_JSON_OPTIONS[name]} as a JSON object; " + help)
         elif kinds == {bool}:
-            holders[f.name] = flags.DEFINE_bool(f.name, None, help)
+            holders[name] = flags.DEFINE_bool(name, None, help)
         elif kinds == {int}:
-            holders[f.name] = flags.DEFINE_integer(f.name, None, help)
+            holders[name] = flags.DEFINE_integer(name, None, help)
         elif kinds == {float}:
-            holders[f.name] = flags.DEFINE_float(f.name, None, help)
+            holders[name] = flags.DEFINE_float(name, None, help)
         else:  # str, str | None, bool | str (warmup: its names)
-            holders[f.name] = flags.DEFINE_string(f.name, None, help)
+            holders[name] = flags.DEFINE_string(name, None, help)
     return holders
 
 

@@ -45,7 +45,7 @@ class Server:
         self.model_name = model_name
         self.tokenizer = tokenizer
         self.chat_template = chat_template
-        self.max_model_len = loop.engine.config.max_model_len
+        self.max_model_len = loop.engine.config.scheduler.max_model_len
         self.created = int(time.time())
 
     def routes(self) -> list[Route]:

@@ -77,7 +77,7 @@ class EngineLoop:
         self._lock = threading.Lock()
         self._pending_adds = 0  # submitted, not yet taken by the loop thread (guarded by _lock)
         self._num_waiting = 0  # the scheduler's waiting queue after the last command batch (guarded by _lock)
-        self._free_slots = engine.config.max_num_seqs  # slots not running a request, then (guarded by _lock)
+        self._free_slots = engine.config.scheduler.max_num_seqs  # slots not running a request, then (guarded by _lock)
         self._live: dict[str, RequestHandle] = {}  # loop thread only
         self._ids = itertools.count()
         self.accepting = True
@@ -226,7 +226,7 @@ class EngineLoop:
         with self._lock:
             self._pending_adds -= 1
             self._num_waiting = len(engine.scheduler.waiting)
-            self._free_slots = max(0, engine.config.max_num_seqs - len(engine.scheduler.running))
+            self._free_slots = max(0, engine.config.scheduler.max_num_seqs - len(engine.scheduler.running))
 
     def _abort(self, h: RequestHandle, event: tuple | None) -> None:
         if h.closed or self._live.get(h.request_id) is not h:
@@ -281,4 +281,4 @@ class EngineLoop:
             m.spec_accepted_tokens.set(sched.speculator.num_accepted_tokens)
         with self._lock:
             self._num_waiting = len(sched.waiting)
-            self._free_slots = max(0, self.engine.config.max_num_seqs - len(sched.running))
+            self._free_slots = max(0, self.engine.config.scheduler.max_num_seqs - len(sched.running))

@@ -12,7 +12,7 @@ unchanged. The sampling numbers themselves are checked by `SamplingParams` and t
 import dataclasses
 from typing import Any
 
-from cbjax.core import validation as check
+from cbjax.config import validation as check
 
 
 class ProtocolError(Exception):
@@ -95,7 +95,7 @@ _is_int = check.is_integer
 
 
 def _get(body: dict, name: str, default, checker):
-    """body[name] through one of cbjax.core.validation's checkers (None or absent: `default`); a refusal is a 400
+    """body[name] through one of cbjax.config.validation's checkers (None or absent: `default`); a refusal is a 400
     naming the field."""
     v = body.get(name, default)
     if v is None:

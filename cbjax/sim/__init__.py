@@ -14,7 +14,7 @@ from cbjax.sim.cost_model import (
 )
 from cbjax.sim.features import StepFeatures, step_features
 from cbjax.sim.roofline import ACCELERATORS, RooflineCost
-from cbjax.sim.runner import SimRunner
+from cbjax.sim.sim_runner import SimRunner
 
 __all__ = [
     "ACCELERATORS",

@@ -131,18 +131,19 @@ def save_profile(model: CostModel, path: str, meta: dict | None = None) -> None:
         f.write("\n")
 
 
-def engine_cost_model(cfg, mcfg, given: CostModel | None = None) -> CostModel:
-    """The cost model of a simulating engine with options `cfg` (an EngineConfig) and model shapes `mcfg`: `given`,
+def engine_cost_model(config, mcfg, given: CostModel | None = None) -> CostModel:
+    """The cost model of a simulating engine with `config` (an EngineConfig) and model shapes `mcfg`: `given`,
     else its sim_profile file, else its sim_accelerator's roofline; times its sim_step_time_scale."""
     from cbjax.sim.roofline import RooflineCost
 
+    cfg = config.sim
     if given is not None:
         cost = given
     elif cfg.sim_profile is not None:
         cost = load_profile(cfg.sim_profile)
     elif cfg.sim_accelerator is not None:
         cost = RooflineCost.for_model(
-            mcfg, cfg.sim_accelerator, num_chips=cfg.sim_num_chips, kv_cache_dtype=cfg.kv_cache_dtype
+            mcfg, cfg.sim_accelerator, num_chips=cfg.sim_num_chips, kv_cache_dtype=config.cache.kv_cache_dtype
         )
     else:
         raise ValueError("runner='sim' needs sim_profile (a cost-model profile) or sim_accelerator (a roofline)")

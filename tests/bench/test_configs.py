@@ -3,7 +3,6 @@
 No engine is built here (no jax compile): the end-to-end run with an override is in test_compare_policies.py.
 """
 
-import dataclasses
 import glob
 import os
 
@@ -12,7 +11,7 @@ import pytest
 from cbjax.bench.metrics import SLO_KEYS
 from cbjax.bench.online import POLICY_NAMES
 from cbjax.bench.workload import make_workload
-from cbjax.core.policies import POLICIES
+from cbjax.core.policy_zoo import POLICIES
 from cbjax.engine import EngineConfig
 from cbjax.model.config import get_model_config
 from experiments.compare_policies import DATA_PARALLEL_OPTIONS, resolve_config
@@ -28,7 +27,7 @@ CONFIGS = sorted(
         for f in ("policy_zoo.py", "prefix_cache.py", "preemption.py", "sliding_window.py", "routers.py", "kv_int8.py")
     ]
 )
-ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
+ENGINE_FIELDS = set(EngineConfig.option_defaults())
 
 
 def test_the_expected_configs_exist():
@@ -42,10 +41,12 @@ def test_the_expected_configs_exist():
 def test_config_fields_are_real(path):
     cfg = resolve_config(parse([f"--config={path}"]))
     assert set(cfg.engine) <= ENGINE_FIELDS - {"policy"}  # each policy entry sets the engine's policy
-    EngineConfig(policy="fcfs", **cfg.engine)  # every value is acceptable to the engine's config
+    EngineConfig.from_options(policy="fcfs", **cfg.engine)  # every value is acceptable to the engine's config
     assert cfg.policies and all(p in POLICY_NAMES or p in cfg.variants for p in cfg.policies)
     for variant in cfg.variants.values():  # (the data-parallel keys build replicas, not an engine option)
-        EngineConfig(**{k: v for k, v in {**cfg.engine, **variant}.items() if k not in DATA_PARALLEL_OPTIONS})
+        EngineConfig.from_options(
+            **{k: v for k, v in {**cfg.engine, **variant}.items() if k not in DATA_PARALLEL_OPTIONS}
+        )
     assert set(cfg.slo) == set(SLO_KEYS)
     assert set(cfg.time_window) == {"window_ms", "max_batch"}
     get_model_config(cfg.model)

@@ -1,5 +1,5 @@
-"""cbjax/bench/host_timers.py: the host's CPU per step, split by part, measured around the engine's own methods
-without changing what it computes."""
+"""cbjax/bench/host_timers.py: the host's CPU per step, split by part, measured through the `timed` hooks of the
+engine and its runner without changing what it computes."""
 
 from cbjax import LLM, SamplingParams
 from cbjax.bench.host_timers import PARTS, HostTimers

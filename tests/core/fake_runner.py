@@ -8,7 +8,10 @@ applies `next_token` to the true context. Writes into a page another sequence al
 shared (prefix-cached) pages are read-only.
 """
 
+import dataclasses
+
 from cbjax.core.request import PENDING_TOKEN
+from cbjax.core.runner_contract import WARMUP_MODES
 from cbjax.core.scheduler import Scheduler
 from cbjax.core.scheduler_output import SchedulerOutput
 
@@ -31,10 +34,29 @@ def reference(prompt: list[int], max_tokens: int, vocab_size: int, eos: int | No
             return out
 
 
+@dataclasses.dataclass
+class FakeStepHandle:
+    """A step the fake runner has run (at dispatch: there is no device to wait for)."""
+
+    out: SchedulerOutput
+    tokens: list
+    padded_tokens: int = 0
+    swap_s: float = 0.0
+    swap_out_bytes: int = 0
+    swap_in_bytes: int = 0
+    wait_s: float = 0.0
+
+
 class FakeRunner:
+    """Keeps the runner contract (cbjax/core/runner_contract.py): the engine could run on it."""
+
+    advances_clock = False
+    num_compiles = 0  # it compiles nothing
+    BYTES_PER_PAGE = 1  # what a swapped page counts for in the byte totals
+
     def __init__(self, scheduler: Scheduler, vocab_size: int):
         self.sched = scheduler
-        self.G = scheduler.config.page_size
+        self.G = scheduler.cache.page_size
         self.vocab_size = vocab_size
         self.kv: dict[tuple[int, int], tuple[int, int]] = {}
         self.host: dict[tuple[int, int], tuple[int, int]] = {}
@@ -43,21 +65,50 @@ class FakeRunner:
         # What the previous step sampled, by request: the value of a pending token, as the real runner feeds it
         # in on the device (asynchronous scheduling).
         self.last_sampled: dict[str, int] = {}
+        self.swap_out_bytes_total = self.swap_in_bytes_total = 0
 
-    def execute(self, out: SchedulerOutput) -> list[int]:
+    def warmup(self, mode: str = "full") -> float:
+        if mode not in WARMUP_MODES:
+            raise ValueError(f"warmup must be one of {WARMUP_MODES}, got {mode!r}")
+        return 0.0
+
+    def wait_until_warm(self) -> None:
+        return None
+
+    def dispatch(self, out: SchedulerOutput) -> FakeStepHandle:
+        swap_s, out_bytes, in_bytes = self.swap(out.swap_out, out.swap_in)
+        tokens = self._run(out)
+        return FakeStepHandle(out, tokens, out.num_batched_tokens, swap_s, out_bytes, in_bytes)
+
+    def fetch(self, handle: FakeStepHandle) -> list:
+        return handle.tokens
+
+    def execute(self, out: SchedulerOutput) -> list:
+        return self.fetch(self.dispatch(out))
+
+    def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> tuple[float, int, int]:
+        """Moves the fake KV entries of each page: every swap-out first, then every swap-in."""
         G = self.G
         # A device page may be swapped out twice in one step (two victims sharing a cached prefix page); each copy
         # goes to its own host page.
-        host_pages = [h for _, h in out.swap_out]
+        host_pages = [h for _, h in swap_out]
         assert len(set(host_pages)) == len(host_pages), "a host page written twice in one step"
-        for dev, host in out.swap_out:
+        for dev, host in swap_out:
             for o in range(G):
                 self.host[host, o] = self.kv.get((dev, o))
-        for host, dev in out.swap_in:
+        for host, dev in swap_in:
             for o in range(G):
                 self.kv[dev, o] = self.host.pop((host, o))
-        self.pages_swapped_out += len(out.swap_out)
-        self.pages_swapped_in += len(out.swap_in)
+        self.pages_swapped_out += len(swap_out)
+        self.pages_swapped_in += len(swap_in)
+        out_bytes, in_bytes = len(swap_out) * self.BYTES_PER_PAGE, len(swap_in) * self.BYTES_PER_PAGE
+        self.swap_out_bytes_total += out_bytes
+        self.swap_in_bytes_total += in_bytes
+        return 0.0, out_bytes, in_bytes
+
+    def _run(self, out: SchedulerOutput) -> list:
+        """Write the step's tokens into the fake KV, then read each sampling sequence's context back."""
+        G = self.G
         # The pages this step's sequences hold, to check that nobody writes a page someone else reads.
         holders: dict[int, int] = {}
         for seq in out.seqs:

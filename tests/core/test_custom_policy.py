@@ -2,9 +2,10 @@
 
 import pytest
 
-from cbjax.core import Request, SamplingParams, Scheduler, SchedulerConfig, VirtualClock
-from cbjax.core.policies import POLICIES, FCFSPolicy, make_policy
+from cbjax.core import Request, SamplingParams, VirtualClock
 from cbjax.core.policy import Policy, by_admission
+from cbjax.core.policy_zoo import POLICIES, FCFSPolicy, make_policy
+from tests.core.scheduler_setup import FlatConfig, make_scheduler
 from tests.core.test_policy_invariants import Case, run_case
 
 
@@ -25,8 +26,8 @@ def registered():
 
 
 def test_a_registered_policy_orders_admission(registered):
-    s = Scheduler(
-        SchedulerConfig(
+    s = make_scheduler(
+        FlatConfig(
             max_num_seqs=1,
             max_num_batched_tokens=64,
             page_size=4,
@@ -47,7 +48,7 @@ def test_a_registered_policy_orders_admission(registered):
 
 
 def test_a_registered_policy_keeps_the_invariants(registered):
-    cfg = SchedulerConfig(
+    cfg = FlatConfig(
         max_num_seqs=3,
         max_num_batched_tokens=8,
         page_size=4,
@@ -83,7 +84,7 @@ class MostRecentEviction(FCFSPolicy):
 def test_the_eviction_hook_is_used_and_keeps_the_invariants():
     POLICIES[MostRecentEviction.name] = MostRecentEviction
     try:
-        cfg = SchedulerConfig(
+        cfg = FlatConfig(
             max_num_seqs=2,
             max_num_batched_tokens=8,
             page_size=2,
@@ -95,7 +96,7 @@ def test_the_eviction_hook_is_used_and_keeps_the_invariants():
         # Distinct prompts through a small pool: every admission past the first few evicts cached pages.
         reqs = [(i, [1 + i] * 6 + [2] * i, 4, 0, "a", None, None) for i in range(8)]
         run_case(Case(cfg, {}, reqs))
-        s = Scheduler(cfg, VirtualClock())
+        s = make_scheduler(cfg, VirtualClock())
         calls = []
         s.policy.choose_eviction = lambda pages: calls.append(list(pages)) or calls[-1][-1]
         for i, (_, prompt, m, *_rest) in enumerate(reqs):

@@ -12,10 +12,11 @@ import heapq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cbjax.core import Request, SamplingParams, Scheduler, VirtualClock
-from cbjax.core.policies import FCFSPolicy, make_policy
+from cbjax.core import Request, SamplingParams, VirtualClock
 from cbjax.core.policy import Ranking, SortedWaiting, by_admission, by_arrival, fcfs_order
+from cbjax.core.policy_zoo import FCFSPolicy, make_policy
 from tests.core.fake_runner import FakeRunner
+from tests.core.scheduler_setup import FlatConfig, make_scheduler
 from tests.core.test_policy_invariants import EOS, VOCAB, cases
 
 
@@ -54,7 +55,7 @@ def _fair_share(p, running, waiting, now):
         order.append(r)
         pos[t] += 1
         if pos[t] < len(q):
-            c += r.num_prompt_tokens * p.input_weight / p._weight(t)
+            c += r.num_prompt_tokens * p.input_weight / p.weight(t)
             heapq.heappush(heap, (c, q[pos[t]].arrival_order, t))
     return by_admission(running) + order
 
@@ -105,7 +106,7 @@ def general_twin(policy):
 
 
 def policies_of(config):
-    opts = dict(max_num_seqs=config.max_num_seqs, batch_timeout_s=config.static_batch_timeout_s)
+    opts = dict(batch_timeout_s=config.static_batch_timeout_s)
     fast = make_policy(config.policy, config.policy_options, **opts)
     general = general_twin(make_policy(config.policy, config.policy_options, **opts))
     assert fast.waiting_key is not None and general.waiting_key is None
@@ -127,7 +128,7 @@ def run_both(case) -> int:
     config = dataclasses.replace(case.config, policy_options=case.policy_options)
     clock = VirtualClock()
     fast_policy, general_policy = policies_of(config)
-    scheds = [Scheduler(config, clock, fast_policy), Scheduler(config, clock, general_policy)]
+    scheds = [make_scheduler(config, clock, fast_policy), make_scheduler(config, clock, general_policy)]
     runners = [FakeRunner(s, VOCAB) for s in scheds]
     reqs = [{}, {}]
     pending = sorted(enumerate(case.requests), key=lambda x: x[1][0])
@@ -207,7 +208,7 @@ def test_a_custom_policy_keeps_the_general_path():
     """A policy that only implements rank is ranked every step, its waiting queue in joining order."""
     from tests.core.test_custom_policy import LongestPromptFirst
 
-    s = Scheduler(_tiny_config(), VirtualClock(), LongestPromptFirst())
+    s = make_scheduler(_tiny_config(), VirtualClock(), LongestPromptFirst())
     assert not s.waiting.sorted
     for i, n in enumerate([3, 9, 5]):
         s.add(Request(f"r{n}", [5] * n, SamplingParams(max_tokens=1), 0.0, 0, i))
@@ -216,9 +217,8 @@ def test_a_custom_policy_keeps_the_general_path():
 
 
 def _tiny_config():
-    from cbjax.core import SchedulerConfig
 
-    return SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=64, page_size=4, num_pages=32, max_model_len=64)
+    return FlatConfig(max_num_seqs=1, max_num_batched_tokens=64, page_size=4, num_pages=32, max_model_len=64)
 
 
 class CountingFCFS(FCFSPolicy):
@@ -242,7 +242,7 @@ def test_a_step_does_not_walk_a_long_queue():
     waiting ones (the cost that made 10k-request simulations take minutes)."""
     config = _tiny_config()
     policy = CountingFCFS()
-    s = Scheduler(dataclasses.replace(config, max_num_seqs=2, num_pages=64), VirtualClock(), policy)
+    s = make_scheduler(dataclasses.replace(config, max_num_seqs=2, num_pages=64), VirtualClock(), policy)
     for i in range(5000):
         s.add(Request(f"r{i}", [5] * 8, SamplingParams(max_tokens=50), 0.0, 0, i))
     for _ in range(5):

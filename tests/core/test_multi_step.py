@@ -6,13 +6,14 @@ from cbjax.core import Request, SamplingParams, Scheduler, SchedulerConfig, Virt
 from cbjax.core.page_pool import chain_hashes
 from cbjax.core.request import PENDING_TOKEN
 from tests.core.fake_runner import FakeRunner, reference
+from tests.core.scheduler_setup import FlatConfig, make_scheduler
 
 VOCAB, EOS = 40, 0
 
 
-def config(**kw) -> SchedulerConfig:
+def config(**kw) -> FlatConfig:
     base = dict(max_num_seqs=4, max_num_batched_tokens=32, page_size=4, num_pages=64, max_model_len=64)
-    return SchedulerConfig(**(base | kw))
+    return FlatConfig(**(base | kw))
 
 
 def request(i: int, prompt_len: int, max_tokens: int, eos: bool = False) -> Request:
@@ -23,11 +24,10 @@ def request(i: int, prompt_len: int, max_tokens: int, eos: bool = False) -> Requ
 def run(cfg: SchedulerConfig, reqs: list[Request], asynchronous: bool, arrivals: dict | None = None):
     """Schedule, run on the fake runner and update until everything finished; returns the SchedulerOutputs, each
     with the number of requests that waited when it was planned."""
-    return run_on(Scheduler(cfg, VirtualClock()), reqs, asynchronous, arrivals)
+    return run_on(make_scheduler(cfg, VirtualClock()), reqs, asynchronous, arrivals)
 
 
 def run_on(s: Scheduler, reqs: list[Request], asynchronous: bool, arrivals: dict | None = None):
-    cfg = s.config
     runner = FakeRunner(s, VOCAB)
     for r in reqs:
         s.add(r)
@@ -48,7 +48,7 @@ def run_on(s: Scheduler, reqs: list[Request], asynchronous: bool, arrivals: dict
         s.pool.check_consistent()
         step += 1
         assert step < 1000
-    assert s.pool.num_free == cfg.num_pages
+    assert s.pool.num_free == s.cache.num_pages
     return outs
 
 
@@ -112,7 +112,7 @@ def test_rows_a_block_computes_for_nothing_are_counted():
     # Synchronous, so the only sampling rows that give no token are a block's: past an EOS inside it, or of a slot
     # idle while the block's longest sequence goes on (no async overrun).
     reqs = [request(i, 4 + i, 30 + 5 * i, eos=True) for i in range(12)]
-    s = Scheduler(config(num_scheduler_steps=8, max_num_seqs=12, max_model_len=128, num_pages=256), VirtualClock())
+    s = make_scheduler(config(num_scheduler_steps=8, max_num_seqs=12, max_model_len=128, num_pages=256), VirtualClock())
     outs = run_on(s, reqs, False)
     rows = {r.request_id: 0 for r in reqs}  # sampling rows the device computed for each request
     for out, _ in outs:
@@ -139,7 +139,7 @@ def test_no_block_when_the_pool_lacks_the_pages_for_it():
 def test_prefix_cache_hashes_only_received_tokens():
     # A block leaves pages whose tokens are pending: registering them then would hash placeholders for good.
     reqs = [request(i, 6, 20) for i in range(2)]
-    s = Scheduler(config(num_scheduler_steps=4, enable_prefix_caching=True), VirtualClock())
+    s = make_scheduler(config(num_scheduler_steps=4, enable_prefix_caching=True), VirtualClock())
     runner = FakeRunner(s, VOCAB)
     for r in reqs:
         s.add(r)

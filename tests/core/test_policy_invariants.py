@@ -12,11 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cbjax.core import Request, SamplingParams, Scheduler, SchedulerConfig, VirtualClock
-from cbjax.core.policies import POLICIES
 from cbjax.core.policy import VICTIMS
+from cbjax.core.policy_zoo import POLICIES
 from cbjax.core.request import RequestStatus
 from cbjax.core.scheduler import pages_for
 from tests.core.fake_runner import FakeRunner, reference
+from tests.core.scheduler_setup import FlatConfig, make_scheduler
 
 VOCAB = 40
 EOS = 0
@@ -38,7 +39,7 @@ def cases(draw):
     num_pages = draw(st.integers(pages_for(max_model_len, G), pages_for(max_model_len, G) * 2))
     mode = draw(st.sampled_from(["recompute", "swap"]))
     policy = draw(st.sampled_from(sorted(POLICIES)))
-    config = SchedulerConfig(
+    config = FlatConfig(
         max_num_seqs=draw(st.integers(1, 6)),
         max_num_batched_tokens=draw(st.sampled_from([4, 8, 16, 64])),
         page_size=G,
@@ -46,7 +47,7 @@ def cases(draw):
         max_model_len=max_model_len,
         policy=policy,
         enable_chunked_prefill=draw(st.booleans()),
-        watermark_pages=draw(st.integers(0, 2)),
+        watermark_pages=draw(st.integers(0, min(2, num_pages - 1))),  # the engine keeps it below the pool
         preemption_mode=mode,
         num_host_pages=draw(st.integers(0, 3 * num_pages)) if mode == "swap" else 0,
         enable_prefix_caching=draw(st.booleans()),
@@ -103,12 +104,12 @@ def check_step(s: Scheduler, out) -> None:
     for r in s.running:
         # Only a static batch admits swapped requests before their turn: their pages come back when it comes.
         assert r.status is RequestStatus.RUNNING and not (r.host_pages and r.pages)
-        assert len(r.pages or r.host_pages) >= pages_for(r.num_computed_tokens, cfg.page_size)
+        assert len(r.pages or r.host_pages) >= pages_for(r.num_computed_tokens, s.cache.page_size)
         for p in r.pages:
             holders[p] = holders.get(p, 0) + 1
     for r in s.waiting:
         assert not r.pages
-    for p in range(cfg.num_pages):
+    for p in range(s.cache.num_pages):
         assert s.pool.refcount(p) == holders.get(p, 0), f"page {p}"
 
 
@@ -140,7 +141,7 @@ def admit_and_abort(s: Scheduler, case: Case, clock, step: int, pending: list, r
 def run_case(case: Case, on_schedule=None) -> None:
     """`on_schedule(scheduler, out)`: called with each step before it runs (tests/runner/test_step_packer.py)."""
     clock = VirtualClock()
-    s = Scheduler(dataclasses.replace(case.config, policy_options=case.policy_options), clock)
+    s = make_scheduler(dataclasses.replace(case.config, policy_options=case.policy_options), clock)
     runner = FakeRunner(s, VOCAB)
     reqs, expected = {}, {}
     pending = sorted(enumerate(case.requests), key=lambda x: x[1][0])
@@ -185,7 +186,7 @@ def test_every_policy_finishes_everything_with_reference_tokens(case):
 def test_swap_and_recompute_both_move_work_under_a_tight_pool():
     # Four sequences growing to 24 tokens in a pool of 12 pages of 4: preemption is certain.
     for mode, host in (("recompute", 0), ("swap", 64)):
-        cfg = SchedulerConfig(
+        cfg = FlatConfig(
             max_num_seqs=4,
             max_num_batched_tokens=64,
             page_size=4,
@@ -197,7 +198,7 @@ def test_swap_and_recompute_both_move_work_under_a_tight_pool():
         reqs = [(0, list(range(1 + i, 9 + i)), 16, 0, "a", None, None) for i in range(4)]
         case = Case(cfg, {}, reqs)
         run_case(case)
-        s = Scheduler(cfg, VirtualClock())
+        s = make_scheduler(cfg, VirtualClock())
         runner = FakeRunner(s, VOCAB)
         for i, (_, prompt, m, *_rest) in enumerate(reqs):
             s.add(Request(f"r{i}", prompt, SamplingParams(max_tokens=m, ignore_eos=True), 0.0, 0, i))

@@ -4,8 +4,9 @@ import random
 
 import pytest
 
-from cbjax.core import Request, SamplingParams, Scheduler, SchedulerConfig, VirtualClock
+from cbjax.core import Request, SamplingParams, Scheduler, VirtualClock
 from cbjax.core.request import RequestStatus
+from tests.core.scheduler_setup import FlatConfig, make_scheduler
 
 
 def make(n_prompt, max_tokens, rid, order=0):
@@ -27,8 +28,8 @@ def run_step(s: Scheduler, token=7):
 
 
 def test_chunked_prefill_splits_long_prompt_over_steps():
-    s = Scheduler(
-        SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=32, page_size=8, num_pages=64, max_model_len=256),
+    s = make_scheduler(
+        FlatConfig(max_num_seqs=4, max_num_batched_tokens=32, page_size=8, num_pages=64, max_model_len=256),
         VirtualClock(),
     )
     r = make(70, 2, "a")
@@ -43,8 +44,8 @@ def test_chunked_prefill_splits_long_prompt_over_steps():
 
 
 def test_finished_sequence_frees_its_slot_for_the_next_step():
-    s = Scheduler(
-        SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=64, page_size=8, num_pages=64, max_model_len=256),
+    s = make_scheduler(
+        FlatConfig(max_num_seqs=2, max_num_batched_tokens=64, page_size=8, num_pages=64, max_model_len=256),
         VirtualClock(),
     )
     a, b, c = make(4, 1, "a", 0), make(4, 5, "b", 1), make(4, 3, "c", 2)
@@ -59,8 +60,8 @@ def test_finished_sequence_frees_its_slot_for_the_next_step():
 
 
 def test_static_batch_admits_nothing_until_all_finished():
-    s = Scheduler(
-        SchedulerConfig(
+    s = make_scheduler(
+        FlatConfig(
             max_num_seqs=2, max_num_batched_tokens=64, page_size=8, num_pages=64, max_model_len=256, policy="static"
         ),
         VirtualClock(),
@@ -75,8 +76,8 @@ def test_static_batch_admits_nothing_until_all_finished():
 
 
 def test_static_batch_spreads_prefill_of_whole_batch_over_steps():
-    s = Scheduler(
-        SchedulerConfig(
+    s = make_scheduler(
+        FlatConfig(
             max_num_seqs=4, max_num_batched_tokens=16, page_size=8, num_pages=64, max_model_len=256, policy="static"
         ),
         VirtualClock(),
@@ -90,8 +91,8 @@ def test_static_batch_spreads_prefill_of_whole_batch_over_steps():
 
 def test_preemption_picks_last_admitted_and_requeues_it_first():
     # 6 pages of 4 tokens; two sequences of 8-token prompts growing to 14 tokens cannot both fit.
-    s = Scheduler(
-        SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, page_size=4, num_pages=6, max_model_len=64),
+    s = make_scheduler(
+        FlatConfig(max_num_seqs=4, max_num_batched_tokens=64, page_size=4, num_pages=6, max_model_len=64),
         VirtualClock(),
     )
     a, b = make(8, 6, "a", 0), make(8, 6, "b", 1)
@@ -109,7 +110,7 @@ def test_preemption_picks_last_admitted_and_requeues_it_first():
 def test_random_workloads_always_finish_without_leaks():
     rng = random.Random(0)
     for trial in range(20):
-        cfg = SchedulerConfig(
+        cfg = FlatConfig(
             max_num_seqs=rng.randint(1, 6),
             max_num_batched_tokens=rng.choice([8, 16, 64]),
             page_size=rng.choice([2, 4, 8]),
@@ -117,7 +118,7 @@ def test_random_workloads_always_finish_without_leaks():
             max_model_len=48,
             policy=rng.choice(["fcfs", "static"]),
         )
-        s = Scheduler(cfg, VirtualClock())
+        s = make_scheduler(cfg, VirtualClock())
         reqs = []
         for i in range(rng.randint(1, 12)):
             n, m = rng.randint(1, 30), rng.randint(1, 18)
@@ -134,21 +135,21 @@ def test_random_workloads_always_finish_without_leaks():
 
 
 def test_can_ever_fit_refuses_requests_bigger_than_the_pool_or_model_len():
-    s = Scheduler(SchedulerConfig(page_size=4, num_pages=3, max_model_len=100), VirtualClock())
+    s = make_scheduler(FlatConfig(page_size=4, num_pages=3, max_model_len=100), VirtualClock())
     assert s.can_ever_fit(12) and not s.can_ever_fit(13)
-    s = Scheduler(SchedulerConfig(page_size=4, num_pages=100, max_model_len=10), VirtualClock())
+    s = make_scheduler(FlatConfig(page_size=4, num_pages=100, max_model_len=10), VirtualClock())
     assert not s.can_ever_fit(11)
 
 
 def test_unknown_policy_is_a_clear_error():
-    with pytest.raises(ValueError, match="unknown policy"):
-        Scheduler(SchedulerConfig(policy="nope"), VirtualClock())
+    with pytest.raises(ValueError, match="policy must be one of"):
+        make_scheduler(FlatConfig(policy="nope"), VirtualClock())
 
 
 def test_static_batch_timeout_waits_for_full_batch_or_timeout():
     clock = VirtualClock()
-    s = Scheduler(
-        SchedulerConfig(
+    s = make_scheduler(
+        FlatConfig(
             max_num_seqs=3,
             max_num_batched_tokens=64,
             page_size=8,

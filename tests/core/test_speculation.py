@@ -10,13 +10,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from cbjax.core import Scheduler, VirtualClock
-from cbjax.core.draft_length import BatchSizeDraftLength, MeasuredDraftLength
-from cbjax.core.ngram_proposer import NgramProposer
 from cbjax.core.request import PENDING_TOKEN
-from cbjax.core.speculative_config import SpeculativeConfig
-from cbjax.core.speculator import Speculator
+from cbjax.core.speculation.config import SpeculativeConfig
+from cbjax.core.speculation.draft_length import BatchSizeDraftLength, MeasuredDraftLength
+from cbjax.core.speculation.ngram import NgramProposer
+from cbjax.core.speculation.speculator import Speculator
 from cbjax.engine_config import EngineConfig
 from tests.core.fake_runner import next_token
+from tests.core.scheduler_setup import FlatConfig, make_scheduler
 from tests.core.test_policy_invariants import EOS, VOCAB, Case, admit_and_abort, cases, check_step
 
 
@@ -46,22 +47,22 @@ from tests.core.test_policy_invariants import EOS, VOCAB, Case, admit_and_abort,
 )
 def test_bad_speculative_configs_are_refused_by_the_engine_config(bad, message):
     if message is None:
-        assert EngineConfig(speculative_config=bad).speculative_config.draft_model == "tinypy-draft"
+        assert EngineConfig.from_options(speculative_config=bad).speculative.draft_model == "tinypy-draft"
         return
     with pytest.raises(ValueError, match=message):
-        EngineConfig(speculative_config=bad)
+        EngineConfig.from_options(speculative_config=bad)
 
 
 def test_speculative_config_parses_the_batch_size_table_and_refuses_the_simulator():
-    cfg = EngineConfig(
+    cfg = EngineConfig.from_options(
         speculative_config=dict(draft_length="batch_size", draft_length_table={"9-32": 2, "1-8": 4, "33-": 0})
-    ).speculative_config
+    ).speculative
     assert cfg.draft_length_table == ((1, 8, 4), (9, 32, 2), (33, None, 0))
     assert cfg.to_dict()["draft_length_table"] == {"1-8": 4, "9-32": 2, "33-": 0}
     rule = BatchSizeDraftLength(cfg.draft_length_table)
     assert [rule.num_drafts(b) for b in (1, 8, 9, 32, 33, 500)] == [4, 4, 2, 2, 0, 0]
     with pytest.raises(ValueError, match="not supported by the simulator"):
-        EngineConfig(runner="sim", sim_accelerator="h100", speculative_config={"method": "ngram"})
+        EngineConfig.from_options(runner="sim", sim_accelerator="h100", speculative_config={"method": "ngram"})
 
 
 # ---- the n-gram proposer ------------------------------------------------------------------------------------------
@@ -128,7 +129,7 @@ def execute_with_drafts(kv: dict, sched: Scheduler, out) -> list:
     chunk (drafts included) is written into the KV pages; each sampling row reads its context back through the page
     table. A drafted sequence returns its
     accepted drafts and the token sampled at its first rejected row (or the bonus token)."""
-    G = sched.config.page_size
+    G = sched.cache.page_size
     for dev, host in out.swap_out:
         for o in range(G):
             kv["host", host, o] = kv.get((dev, o))
@@ -167,7 +168,7 @@ def run_case_with_drafts(case: Case, k: int, seed: int) -> tuple[Scheduler, list
     """Run the case synchronously; returns the scheduler and each step's (sequences, decodes, drafts)."""
     clock = VirtualClock()
     spec = Speculator(SpeculativeConfig(num_speculative_tokens=k), proposer=MostlyRightProposer(seed))
-    s = Scheduler(dataclasses.replace(case.config, policy_options=case.policy_options), clock, speculator=spec)
+    s = make_scheduler(dataclasses.replace(case.config, policy_options=case.policy_options), clock, speculator=spec)
     kv: dict = {}
     reqs, expected = {}, {}
     pending = sorted(enumerate(case.requests), key=lambda x: x[1][0])
@@ -204,9 +205,8 @@ def test_every_policy_with_drafts_finishes_with_reference_tokens(case):
 
 
 def test_drafts_are_accepted_rejected_and_trimmed_to_the_budget():
-    from cbjax.core.scheduler_config import SchedulerConfig
 
-    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=8, page_size=4, num_pages=40, max_model_len=40)
+    cfg = FlatConfig(max_num_seqs=4, max_num_batched_tokens=8, page_size=4, num_pages=40, max_model_len=40)
     reqs = [(0, list(range(1 + i, 6 + i)), 20, 0, "a", None, None) for i in range(4)]
     s, steps = run_case_with_drafts(Case(cfg, {}, reqs), k=4, seed=1)
     spec = s.speculator

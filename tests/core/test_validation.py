@@ -1,11 +1,11 @@
-"""The checks every public option goes through (cbjax/core/validation.py), and SamplingParams built on them."""
+"""The checks every public option goes through (cbjax/config/validation.py), and SamplingParams built on them."""
 
 import math
 
 import numpy as np
 import pytest
 
-from cbjax.core import validation as check
+from cbjax.config import validation as check
 from cbjax.core.sampling_params import SamplingParams
 
 

@@ -1,4 +1,4 @@
-"""The C++ FFI decode attention for CPU (kernels_pallas/cpu_attention.py) against the naive float64 attention,
+"""The C++ FFI decode attention for CPU (kernels_pallas/cpu/attention.py) against the naive float64 attention,
 alone and inside the XLA ragged path (decode_impl="ffi"), NaN-poisoned pages and garbage page tables included."""
 
 import jax
@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels_pallas import cpu_attention
+from kernels_pallas.cpu import attention as cpu_attention
+from kernels_pallas.cpu import library
 from kernels_pallas.xla_attention import resolve_decode_impl, resolve_prefill_impl, xla_ragged_paged_attention
 from tests.kernels.test_xla_attention import CASES, make_case
 from tests.kernels.test_xla_attention import naive as naive_all
@@ -18,7 +19,7 @@ needs_kernel = pytest.mark.skipif(
 
 def test_kernel_builds_where_a_compiler_exists():
     """The other tests skip without a C++ compiler; with one, a failed build is a failure, not a skip."""
-    if not cpu_attention.compiler_found():
+    if not library.compiler_found():
         pytest.skip("no C++ compiler: the engine uses the XLA decode path (tested in test_xla_attention.py)")
     assert cpu_attention.available(), cpu_attention.unavailable_reason()
 
@@ -269,11 +270,9 @@ def test_build_failure_falls_back_to_xla(monkeypatch, tmp_path):
     """No working compiler: available() is False with a reason, "auto" takes the XLA path, results unchanged."""
     monkeypatch.delenv("CBJAX_DECODE_ATTENTION", raising=False)
     monkeypatch.delenv("CBJAX_PREFILL_ATTENTION", raising=False)
-    monkeypatch.setattr(cpu_attention, "_state", {})
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("CXX", "false")  # a "compiler" that always fails
-    cpu_attention._build_key.cache_clear()
-    try:
+    with library.fresh_state():  # forgets the library registered here; it comes back after the block
         assert not cpu_attention.available()
         assert "failed" in cpu_attention.unavailable_reason()
         assert resolve_decode_impl("auto") == resolve_prefill_impl("auto") == "xla"
@@ -285,12 +284,9 @@ def test_build_failure_falls_back_to_xla(monkeypatch, tmp_path):
         got = np.asarray(xla_ragged_paged_attention(*args))
         np.testing.assert_allclose(got[:5], naive(*args)[:5], atol=2e-5, rtol=2e-5)
         monkeypatch.setenv("CXX", "surely-no-such-compiler")
-        monkeypatch.setattr(cpu_attention, "_state", {})
-        cpu_attention._build_key.cache_clear()
-        assert not cpu_attention.available()
-        assert "no C++ compiler" in cpu_attention.unavailable_reason()
-    finally:
-        cpu_attention._build_key.cache_clear()
+        with library.fresh_state():
+            assert not cpu_attention.available()
+            assert "no C++ compiler" in cpu_attention.unavailable_reason()
 
 
 # ---- the engine on the FFI path -----------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The packed-weight matmul for CPU (kernels_pallas/cpu_gemm.py, cpu_gemm.cc): packing, results against jnp.dot,
+"""The packed-weight matmul for CPU (kernels_pallas/cpu/gemm.py, gemm.cc): packing, results against jnp.dot,
 a row's result bitwise independent of its batch and of the thread count, and the errors it raises."""
 
 import jax
@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels_pallas import cpu_attention, cpu_gemm
+from kernels_pallas.cpu import gemm as cpu_gemm
+from kernels_pallas.cpu import library
 
 needs_kernel = pytest.mark.skipif(
     not cpu_gemm.available(), reason=f"FFI kernel unavailable: {cpu_gemm.unavailable_reason()}"
@@ -21,7 +22,7 @@ def operands(rng, M, K, N, lead=None):
 
 def test_kernel_builds_where_a_compiler_exists():
     """The other tests skip without a C++ compiler; with one, a failed build is a failure, not a skip."""
-    if cpu_attention.compiler_found():
+    if library.compiler_found():
         assert cpu_gemm.available(), cpu_gemm.unavailable_reason()
 
 

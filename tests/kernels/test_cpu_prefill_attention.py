@@ -1,15 +1,19 @@
-"""The C++ FFI attention for CPU on prefill rows (kernels_pallas/cpu_prefill_attention.cc via cpu_attention.py),
+"""The C++ FFI attention for CPU on prefill rows (kernels_pallas/cpu/prefill_attention.cc via cpu/attention.py),
 alone and inside the XLA ragged path (prefill_impl="ffi"), against the naive float64 attention: mixed batches of
 decodes, fresh prompts, chunks after earlier context and padding rows, over GQA ratios, head dims, page sizes,
 sliding window, soft cap, bf16 and int8 pages; NaN in unused pages and garbage page tables never reach an
 output."""
+
+import pathlib
+import tomllib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels_pallas import cpu_attention
+from kernels_pallas.cpu import attention as cpu_attention
+from kernels_pallas.cpu import library
 from kernels_pallas.xla_attention import xla_ragged_paged_attention
 from tests.kernels.kv_cache_builder import ragged_metadata
 from tests.kernels.test_cpu_decode_attention import naive, needs_kernel, poison_page_table
@@ -178,12 +182,12 @@ def test_ragged_with_ffi_prefill_matches_naive_and_the_xla_loops(decode_impl, wi
 def test_every_source_file_is_in_the_build_key(monkeypatch, tmp_path):
     """An edit to any file the library is built from (the header included) gives a new library and target name."""
     copies = []
-    for f in cpu_attention._SOURCES:
+    for f in library.SOURCES:
         (tmp_path / f.name).write_bytes(f.read_bytes())
         copies.append(tmp_path / f.name)
     assert {f.suffix for f in copies} == {".h", ".cc"} and len(copies) >= 4
-    monkeypatch.setattr(cpu_attention, "_SOURCES", tuple(copies))
-    key = lambda: (cpu_attention._build_key.cache_clear(), cpu_attention._build_key())[1]
+    monkeypatch.setattr(library, "SOURCES", tuple(copies))
+    key = lambda: (library.build_key.cache_clear(), library.build_key())[1]
     try:
         if key() is None:
             pytest.skip("no C++ compiler: there is no build key")
@@ -193,4 +197,12 @@ def test_every_source_file_is_in_the_build_key(monkeypatch, tmp_path):
             seen.add(key()[0])
         assert len(seen) == len(copies) + 1
     finally:
-        cpu_attention._build_key.cache_clear()
+        library.build_key.cache_clear()
+
+
+def test_every_source_file_is_packaged():
+    """A non-editable install ships every file the library is built from (pyproject.toml's package-data)."""
+    root = pathlib.Path(__file__).resolve().parents[2]
+    package_data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    packaged = {f for pattern in package_data["kernels_pallas"] for f in (root / "kernels_pallas").glob(pattern)}
+    assert library.SOURCES and set(library.SOURCES) <= packaged

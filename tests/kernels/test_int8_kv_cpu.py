@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels_pallas import cpu_attention, kv_quant
+from kernels_pallas import kv_quant
+from kernels_pallas.cpu import attention as cpu_attention
 from kernels_pallas.xla_attention import xla_ragged_paged_attention
 from tests.kernels.test_cpu_decode_attention import decode_case, decode_rows, needs_kernel
 from tests.kernels.test_xla_attention import CASES, make_case, naive

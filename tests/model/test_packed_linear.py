@@ -10,7 +10,7 @@ from flax import nnx
 from cbjax.model import get_model_config, init_model
 from cbjax.model.packed_linear import PackedLinear, pack_model
 from cbjax.model.quantize import quantize_model
-from kernels_pallas import cpu_gemm
+from kernels_pallas.cpu import gemm as cpu_gemm
 
 needs_kernel = pytest.mark.skipif(
     not cpu_gemm.available(), reason=f"FFI kernel unavailable: {cpu_gemm.unavailable_reason()}"

@@ -12,9 +12,11 @@ from cbjax.core.scheduler_output import ScheduledSeq, SchedulerOutput
 from cbjax.model import get_model_config, init_model
 from cbjax.model.llama import kv_cache_bytes_per_page
 from cbjax.runner import kv_swap
+from cbjax.runner.compilation.program_family import clear_shared_programs
+from cbjax.runner.kv_cache import allocate_kv_cache
 from cbjax.runner.model_runner import ModelRunner
+from cbjax.runner.placement import Placement, place_params
 from cbjax.runner.step_input import BucketTable
-from cbjax.runner.step_programs import clear_shared_programs
 
 NUM_PAGES = 16
 PAGE_SIZE = 4
@@ -27,16 +29,26 @@ def model():
     return init_model(get_model_config("test-tiny"), seed=0)
 
 
-def make_runner(model, num_host_pages=HOST_PAGES, cap=CAP, **options):
+def make_runner(model, num_host_pages=HOST_PAGES, cap=CAP, kv_cache_dtype="auto"):
+    """A runner assembled from the builders (build_model_runner's parts), with a small swap cap."""
     buckets = BucketTable.build(max_num_batched_tokens=16, max_model_len=64, page_size=PAGE_SIZE, max_num_seqs=2)
+    placement = Placement()
+    geometry = dict(num_pages=NUM_PAGES, page_size=PAGE_SIZE, kv_cache_dtype=kv_cache_dtype)
     return ModelRunner(
         model,
-        num_pages=NUM_PAGES,
-        page_size=PAGE_SIZE,
+        weights=place_params(model, placement),
+        kv_caches=allocate_kv_cache(model.cfg, **geometry, placement=placement),
+        placement=placement,
         buckets=buckets,
-        num_host_pages=num_host_pages,
-        swap_pages_per_call=cap,
-        **options,
+        backend="xla",
+        host_pool=kv_swap.build_host_pool(
+            model.cfg,
+            num_host_pages,
+            num_device_pages=NUM_PAGES,
+            page_size=PAGE_SIZE,
+            kv_cache_dtype=kv_cache_dtype,
+            max_pages_per_call=cap,
+        ),
     )
 
 

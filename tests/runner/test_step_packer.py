@@ -7,9 +7,10 @@ import copy
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 
-from cbjax.core import Request, SamplingParams, Scheduler, SchedulerConfig, VirtualClock
+from cbjax.core import Request, SamplingParams, SchedulerConfig, VirtualClock
 from cbjax.runner.step_input import BucketTable, StepInput, pack_step
 from cbjax.runner.step_packer import StepPacker
+from tests.core.scheduler_setup import FlatConfig, make_scheduler
 from tests.core.test_policy_invariants import Case, cases, run_case
 
 
@@ -63,7 +64,7 @@ def test_the_packer_equals_pack_step_on_every_policy_and_mode(case):
 
 def test_steady_decodes_are_advanced_across_page_boundaries_async_and_sync():
     for asynchronous in (False, True):
-        cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16, page_size=2, num_pages=64, max_model_len=40)
+        cfg = FlatConfig(max_num_seqs=4, max_num_batched_tokens=16, page_size=2, num_pages=64, max_model_len=40)
         reqs = [(0, list(range(1 + i, 6 + 2 * i)), 20 + i, 0, "a", None, None) for i in range(4)]
         check = CheckedPacker(cfg)
         run_case(Case(cfg, {}, reqs, asynchronous=asynchronous), check)
@@ -72,10 +73,10 @@ def test_steady_decodes_are_advanced_across_page_boundaries_async_and_sync():
 
 
 def test_a_sliding_window_drops_pages_and_the_rows_follow():
-    cfg = SchedulerConfig(
+    cfg = FlatConfig(
         max_num_seqs=3, max_num_batched_tokens=16, page_size=2, num_pages=64, max_model_len=48, sliding_window=5
     )
-    s = Scheduler(cfg, VirtualClock())
+    s = make_scheduler(cfg, VirtualClock())
     for i in range(3):
         s.add(Request(f"r{i}", list(range(1, 8 + i)), SamplingParams(max_tokens=30, ignore_eos=True), 0.0, 0, i))
     check = CheckedPacker(cfg)
@@ -90,7 +91,7 @@ def test_a_sliding_window_drops_pages_and_the_rows_follow():
 
 
 def test_a_changed_batch_is_packed_from_scratch():
-    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16, page_size=4, num_pages=64, max_model_len=40)
+    cfg = FlatConfig(max_num_seqs=4, max_num_batched_tokens=16, page_size=4, num_pages=64, max_model_len=40)
     reqs = [(step, [1, 2, 3], 6, 0, "a", None, None) for step in (0, 3, 6)]  # a new request every few steps
     check = CheckedPacker(cfg)
     run_case(Case(cfg, {}, reqs), check)
@@ -99,7 +100,7 @@ def test_a_changed_batch_is_packed_from_scratch():
 
 
 def test_blocks_of_decode_steps_are_packed_like_pack_step():
-    cfg = SchedulerConfig(
+    cfg = FlatConfig(
         max_num_seqs=2, max_num_batched_tokens=16, page_size=4, num_pages=64, max_model_len=40, num_scheduler_steps=4
     )
     for asynchronous in (False, True):

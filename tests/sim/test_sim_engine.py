@@ -90,24 +90,24 @@ def test_the_step_time_scale_stretches_time_and_changes_no_decision():
     assert [2 * s.time for s in one.steps] == pytest.approx([s.time for s in two.steps])
     assert [2 * r.finished_time for r in one.requests] == pytest.approx([r.finished_time for r in two.requests])
     big = LLMEngine("llama-7b", runner="sim", sim_accelerator="h200", max_model_len=4096, sim_step_time_scale=3.0)
-    assert big.config.num_pages == RooflineCost.for_model(big.model_config, "h200").kv_pages(16)
+    assert big.config.cache.num_pages == RooflineCost.for_model(big.model_config, "h200").kv_pages(16)
     with pytest.raises(ValueError, match="sim_step_time_scale must be"):
-        EngineConfig(runner="sim", sim_step_time_scale=0.0)
+        EngineConfig.from_options(runner="sim", sim_step_time_scale=0.0)
 
 
 def test_the_roofline_sizes_the_kv_pool_from_the_accelerators_memory():
     engine = LLMEngine("llama-7b", runner="sim", sim_accelerator="h200", max_model_len=4096)
     expected = RooflineCost.for_model(engine.model_config, "h200").kv_pages(16)
-    assert engine.config.num_pages == expected > 10_000  # ~100 GB of KV after 13.5 GB of weights
+    assert engine.config.cache.num_pages == expected > 10_000  # ~100 GB of KV after 13.5 GB of weights
 
 
 def test_the_options_are_checked():
     with pytest.raises(ValueError, match="runner must be one of"):
-        EngineConfig(runner="gpu")
+        EngineConfig.from_options(runner="gpu")
     with pytest.raises(ValueError, match="sim_accelerator must be one of"):
-        EngineConfig(runner="sim", sim_accelerator="a100")
+        EngineConfig.from_options(runner="sim", sim_accelerator="a100")
     with pytest.raises(ValueError, match="both set"):
-        EngineConfig(runner="sim", sim_accelerator="h200", sim_profile="p.json")
+        EngineConfig.from_options(runner="sim", sim_accelerator="h200", sim_profile="p.json")
     with pytest.raises(ValueError, match="needs sim_profile"):
         LLMEngine("llama-tiny", runner="sim")
     with pytest.raises(ValueError, match="VirtualClock"):

@@ -1,0 +1,157 @@
+"""SimRunner: the runner contract (cbjax/core/runner_contract.py: dispatch / fetch / execute, swaps,
+warmup, num_compiles) with a cost model in place of a model. No jax: the engine, its Scheduler and every policy
+run unchanged on top of it.
+
+Time: the runner owns the virtual clock's advance. `fetch` moves the clock by the step's cost (swap copies
+included) before it returns, so the scheduler stamps the step's tokens with the end of the step, exactly where
+cbjax.bench.online's `after_execute` hook moves the clock for the real engine on a virtual clock. Asynchronous
+scheduling works as on the real engine (step n+1 is scheduled before step n's tokens are received, at the time
+step n started); the simulated steps still run one after another, each advancing the clock by its own cost.
+
+Tokens: a sampling sequence gets a token id that is never an end of sequence (a fixed function of the request id
+and the token's index, so runs are deterministic and prefix-cache hashes of generated tokens do not collide
+across requests); requests listed in `stop_after` get the EOS id as their n-th token. The workload's lengths
+(max_tokens, or `stop_after`) decide when a request ends; greedy exactness is not the point.
+"""
+
+import dataclasses
+import zlib
+from collections.abc import Mapping
+
+from cbjax.core.clock import VirtualClock
+from cbjax.core.runner_contract import WARMUP_MODES
+from cbjax.core.scheduler_output import SchedulerOutput
+from cbjax.sim.cost_model import CostModel
+from cbjax.sim.features import StepFeatures, step_features
+
+
+@dataclasses.dataclass
+class SimStepHandle:
+    """A dispatched simulated step (the fields the engine reads of cbjax.runner's StepHandle, plus the cost)."""
+
+    out: SchedulerOutput
+    tokens: list[int]  # a plain list: the scheduler reads them one by one (numpy scalars would cost more)
+    features: StepFeatures
+    cost_s: float  # simulated seconds: what the clock advances by at fetch
+    padded_tokens: int = 0
+    swap_out_bytes: int = 0
+    swap_in_bytes: int = 0
+    swap_s: float = 0.0  # real seconds spent copying: none (the simulated copy time is in cost_s)
+    wait_s: float = 0.0  # real seconds waited for the device: none
+
+
+class SimRunner:
+    """Runs SchedulerOutputs on a cost model. `buckets` is the engine's BucketTable (any object with
+    `token_bucket(n)`); `kv_bytes_per_page` sizes the swap copies; `vocab_size`, `eos_token_id` and
+    `stop_token_ids` choose the token ids it emits."""
+
+    advances_clock = True  # cbjax.bench.online leaves the clock to the runner
+
+    def __init__(
+        self,
+        cost_model: CostModel,
+        clock: VirtualClock,
+        *,
+        buckets,
+        kv_bytes_per_page: int,
+        vocab_size: int,
+        eos_token_id: int | None,
+        stop_token_ids: tuple[int, ...] = (),
+        stop_after: Mapping[str, int] | None = None,
+    ):
+        if not isinstance(clock, VirtualClock):
+            raise ValueError(f"the simulator needs a VirtualClock, got {type(clock).__name__}")
+        self.cost_model = cost_model
+        self.clock = clock
+        self.buckets = buckets
+        self.kv_bytes_per_page = int(kv_bytes_per_page)
+        self.eos_token_id = eos_token_id
+        self.stop_after = dict(stop_after or {})
+        self.num_compiles = 0
+        self.num_steps = 0
+        self.simulated_s = 0.0  # sum of the step costs
+        self.swap_out_bytes_total = 0
+        self.swap_in_bytes_total = 0
+        self.last_step: SimStepHandle | None = None
+        forbidden = {t for t in (eos_token_id, *stop_token_ids) if t is not None}
+        self._ids = [t for t in range(min(vocab_size, 4096)) if t not in forbidden and t >= 3] or [0]
+        self._base: dict[str, int] = {}
+
+    def warmup(self, mode: str = "full") -> float:
+        """Nothing to build: 0 seconds."""
+        if mode not in WARMUP_MODES:
+            raise ValueError(f"warmup must be one of {WARMUP_MODES}, got {mode!r}")
+        return 0.0
+
+    def wait_until_warm(self) -> None:
+        """Nothing is ever being built."""
+        return None
+
+    def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> tuple[float, int, int]:
+        """No copy happens; returns (0 real seconds, bytes out, bytes in). Their simulated time is in the step's
+        cost (StepFeatures.swap_bytes)."""
+        out_bytes, in_bytes = len(swap_out) * self.kv_bytes_per_page, len(swap_in) * self.kv_bytes_per_page
+        self.swap_out_bytes_total += out_bytes
+        self.swap_in_bytes_total += in_bytes
+        return 0.0, out_bytes, in_bytes
+
+    def _token(self, request_id: str, index: int) -> int:
+        n = self.stop_after.get(request_id)
+        if n is not None and index + 1 >= n and self.eos_token_id is not None:
+            return self.eos_token_id
+        base = self._base.get(request_id)
+        if base is None:
+            base = self._base[request_id] = zlib.crc32(request_id.encode())
+        return self._ids[(base + 7919 * index) % len(self._ids)]
+
+    def _block_tokens(self, out: SchedulerOutput) -> list[list[int]]:
+        """A block of decode steps (cbjax/core/multi_step.py): a row of tokens per step; a sequence's k pending
+        placeholders, just appended, are its outputs in steps 0..k-1 (0 past them)."""
+        rows = [[0] * len(out.seqs) for _ in range(out.num_steps)]
+        for j, s in enumerate(out.seqs):
+            req = s.request
+            first = len(req.output_token_ids) - s.num_steps
+            for i in range(s.num_steps):
+                rows[i][j] = self._token(req.request_id, first + i)
+        return rows
+
+    def _tokens(self, out: SchedulerOutput) -> list[int]:
+        """`_token` of each sequence's sampled output (0 where it samples none). This runs once per generated token,
+        so the common case (no `stop_after`, the request's base known) is `_token`'s formula inline, no call."""
+        if out.num_steps > 1:
+            return self._block_tokens(out)
+        token, ids, base_of, inline = self._token, self._ids, self._base, not self.stop_after
+        tokens = []
+        for s in out.seqs:
+            if s.samples_token:
+                req = s.request
+                index = len(req.output_token_ids) - 1  # its pending placeholder, just appended
+                base = base_of.get(req.request_id) if inline else None
+                tokens.append(token(req.request_id, index) if base is None else ids[(base + 7919 * index) % len(ids)])
+            else:
+                tokens.append(0)
+        return tokens
+
+    def dispatch(self, out: SchedulerOutput) -> SimStepHandle:
+        """Price the step and choose its tokens (the index of a sampled token is known at scheduling time: the
+        pending placeholder the scheduler just appended)."""
+        padded = self.buckets.token_bucket(out.num_batched_tokens) if out.seqs else 0
+        _, out_bytes, in_bytes = self.swap(out.swap_out, out.swap_in)
+        features = step_features(out, padded, self.kv_bytes_per_page)
+        tokens = self._tokens(out)
+        # A block of N decode steps costs N times its first step (its contexts grow by at most N - 1 tokens).
+        cost = self.cost_model.step_time(features) * out.num_steps
+        handle = SimStepHandle(out, tokens, features, cost, padded, out_bytes, in_bytes)
+        self.last_step = handle
+        return handle
+
+    def fetch(self, handle: SimStepHandle) -> list[int]:
+        """The step ends: the clock moves by its cost; returns its tokens in out.seqs order."""
+        self.clock.advance(handle.cost_s)
+        self.simulated_s += handle.cost_s
+        self.num_steps += 1
+        return handle.tokens
+
+    def execute(self, out: SchedulerOutput) -> list[int]:
+        """dispatch + fetch: one step, synchronously."""
+        return self.fetch(self.dispatch(out))

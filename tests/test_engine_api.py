@@ -278,12 +278,12 @@ def test_unknown_engine_option_is_an_error():
     ],
 )
 def test_bad_scheduling_options_fail_before_any_compile(options, message, monkeypatch):
-    import cbjax.engine
+    import cbjax.engine_build
 
     def no_runner(*args, **kwargs):
         raise AssertionError("the model runner was built (and compiled) before the bad option was refused")
 
-    monkeypatch.setattr(cbjax.engine, "ModelRunner", no_runner)
+    monkeypatch.setattr(cbjax.engine_build, "build_model_runner", no_runner)
     with pytest.raises(ValueError, match=message):
         LLMEngine("test-tiny", **options)
 
@@ -310,12 +310,12 @@ def test_bad_scheduling_options_fail_before_any_compile(options, message, monkey
     ],
 )
 def test_bad_engine_options_fail_before_the_model_is_loaded(options, message, monkeypatch):
-    import cbjax.engine
+    import cbjax.engine_build
 
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the bad option was refused")
 
-    monkeypatch.setattr(cbjax.engine.LLMEngine, "_load_model", no_model)
+    monkeypatch.setattr(cbjax.engine_build, "load_model", no_model)
     with pytest.raises(ValueError, match=message):
         LLMEngine("test-tiny", **options)
 

@@ -34,7 +34,9 @@ class StepInput(typing.NamedTuple):
     top_p: np.ndarray  # [S] float32
     seeds: np.ndarray  # [S] uint32
     counters: np.ndarray  # [S] int32: index of the token each slot samples
-    verify: VerifyRows | None = None  # speculative decoding: the rows whose logits verify drafts (verify_rows.py)
+    verify: VerifyRows | None = (
+        None  # speculative decoding: the rows whose logits verify drafts (speculation/verify_rows.py)
+    )
     # A block of decode steps (cbjax/runner/decode_loop.py): [S] int32, how many of the block's steps each slot runs.
     decode_steps: np.ndarray | None = None
 
@@ -185,7 +187,7 @@ def pack_step(
         steps = np.zeros(buckets.slots(T), np.int32)
         steps[:n] = [seqs[j].num_steps for j in order]
         inp = inp._replace(decode_steps=steps)
-    if verify:  # a speculative step (verify_rows.py)
+    if verify:  # a speculative step (speculation/verify_rows.py)
         verify = pack_verify_rows(buckets.verify_rows(T), buckets.slots(T), cu, drafts, inp.counters[:n], inp.token_ids)
         inp = inp._replace(verify=verify)
     return inp, order

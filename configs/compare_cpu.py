@@ -28,7 +28,7 @@ def get_config() -> ml_collections.ConfigDict:
     # e.g. c.variants.fcfs_swap = dict(policy="fcfs", preemption_mode="swap").
     c.variants = ml_collections.ConfigDict()
 
-    # Engine options: cbjax.engine.EngineConfig's fields. Each entry of `policies` sets the engine's policy.
+    # Engine options: EngineConfig's flat options (cbjax/engine_config.py). Each entry of `policies` sets the policy.
     e = c.engine = ml_collections.ConfigDict()
     e.policy = config_dict.placeholder(str)  # set (--config.engine.policy=sjf) to run this one policy alone
     e.max_num_seqs = 32  # slots per step (also the static batch size)

@@ -55,6 +55,19 @@ COLUMNS = (
     ("acc len", "spec_mean_acceptance_length", "{:.2f}"),
 )
 
+# The metrics a comparison with repeats reports as medians with intervals (and ratios to a baseline).
+INTERVAL_METRICS = (
+    "request_throughput",
+    "output_throughput",
+    "ttft_ms_p50",
+    "ttft_ms_p99",
+    "tpot_ms_p50",
+    "tpot_ms_p99",
+    "e2e_ms_p50",
+    "e2e_ms_p99",
+    "goodput",
+)
+
 
 def entry_plan(cfg, name: str):
     """The PolicyPlan of one entry of `config.policies`, and the engine options it overrides.
@@ -155,6 +168,11 @@ def resolve_config(cfg):
         raise ValueError(f"config.clock must be 'real' or 'virtual', got {cfg.clock!r}")
     if cfg.step_cost_ms < 0 or (cfg.step_cost_ms > 0 and cfg.clock != "virtual"):
         raise ValueError(f"config.step_cost_ms={cfg.step_cost_ms} needs config.clock='virtual' (0 with a real clock)")
+    repeats = cfg.get("repeats", 1)
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"config.repeats must be an integer >= 1, got {repeats!r}")
+    if cfg.get("baseline") is not None and cfg.baseline not in names:
+        raise ValueError(f"config.baseline ({cfg.baseline!r}) is not one of config.policies {names}")
     if not isinstance(cfg.get("overwrite", False), bool):
         raise ValueError(f"config.overwrite must be True or False, got {cfg.overwrite!r}")
     _check_sim(cfg)
@@ -195,10 +213,17 @@ def prepare_run(cfg):
 
 @dataclasses.dataclass
 class Comparison:
-    results: dict[str, Any]  # policy -> cbjax.bench.online.OnlineResult
+    results: dict[str, Any]  # policy -> cbjax.bench.online.OnlineResult of its first repeat
     engines: dict[str, dict[str, Any]]  # policy -> engine config, bucket table, warmup time (for the manifest)
     num_requests: int
     interrupted: bool = False
+    # policy -> its OnlineResult of every repeat, in repeat order (config.repeats; the first is results[policy])
+    repeats: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def num_repeats(self) -> int:
+        """Repeats completed by every policy that ran."""
+        return min((len(r) for r in self.repeats.values()), default=0)
 
 
 # Not engine options: they make a data-parallel engine (cbjax/data_parallel.py) of replicas behind a router.
@@ -217,16 +242,67 @@ def build_engine(model, clock, options: dict):
     return DataParallelEngine(model, clock=clock, **dp, **engine_options)
 
 
+def _run_entry(cfg, comp: Comparison, name: str, rep: int, workload, step_cost_s, ctrl_c, progress, on_step) -> bool:
+    """One run of entry `name` (repeat `rep`) on a fresh engine, kept in `comp`. False when the run was stopped."""
+    from tqdm import tqdm
+
+    from cbjax.bench.online import run_online
+    from cbjax.core.clock import RealClock, VirtualClock
+
+    plan, options = engine_options(cfg, name)
+    clock = VirtualClock() if cfg.clock == "virtual" else RealClock()
+    logging.info(
+        "%s: engine policy=%s static_batch_timeout_s=%s, client=%s (repeat %d)",
+        name,
+        options["policy"],
+        options["static_batch_timeout_s"],
+        plan.client,
+        rep,
+    )
+    engine = build_engine(cfg.model, clock, options)
+    if ctrl_c.pressed:  # while it was being built
+        comp.interrupted = True
+        return False
+    if name not in comp.engines:
+        comp.engines[name] = {
+            "config": engine.config.options(),
+            "buckets": dataclasses.asdict(engine.buckets),
+            "client": None if plan.client is None else dataclasses.asdict(plan.client),
+            "warmup_s": engine.warmup_s,
+            "compiles_at_warmup": engine.num_compiles,
+        }
+        if options.get("runner") == "sim":  # what the step times are: a fit or a prediction
+            comp.engines[name]["cost_model"] = engine.runner.cost_model.to_dict()
+    label = name if cfg.get("repeats", 1) == 1 else f"{name} #{rep + 1}"
+    bar = tqdm(total=len(workload), desc=f"{label:>11}", unit="req", disable=not progress, file=sys.stderr)
+
+    def step_done(p):
+        bar.update(p.num_finished - bar.n)
+        if on_step is not None:
+            on_step(name, p)
+        if ctrl_c.pressed:
+            raise KeyboardInterrupt  # run_online ends the run here, keeping what it measured
+
+    result = run_online(
+        engine, workload, client=plan.client, step_cost_s=step_cost_s, on_step=step_done, horizon_s=cfg.get("horizon_s")
+    )
+    bar.close()
+    comp.results.setdefault(name, result)
+    comp.repeats.setdefault(name, []).append(result)
+    del engine  # free its KV cache before the next entry's engine is built
+    if result.interrupted:
+        comp.interrupted = True
+        return False
+    return True
+
+
 def run_comparison(cfg, *, workload=None, progress: bool = True, on_step: Callable | None = None) -> Comparison:
     """Run every policy of the (resolved) config on the same workload (None: the config's). Ctrl-C ends it early
     with what was measured.
 
-    `on_step(policy, Progress)` is called after every engine step (tests use it to inject an interrupt)."""
-    from tqdm import tqdm
-
-    from cbjax.bench.online import run_online
+    `on_step(policy, Progress)` is called after every engine step (tests use it to inject an interrupt).
+    With config.repeats > 1 every policy runs that many times, interleaved (see `comp.repeats`)."""
     from cbjax.bench.workload import make_workload
-    from cbjax.core.clock import RealClock, VirtualClock
 
     if workload is None:
         workload = make_workload(cfg.workload)
@@ -234,64 +310,28 @@ def run_comparison(cfg, *, workload=None, progress: bool = True, on_step: Callab
     step_cost_s = cfg.step_cost_ms / 1e3 if cfg.step_cost_ms > 0 else None  # None: measured
     with CtrlC("stopping at the next step, then writing what was measured") as ctrl_c:
         try:
-            for name in cfg.policies:
-                plan, options = engine_options(cfg, name)
-                clock = VirtualClock() if cfg.clock == "virtual" else RealClock()
-                logging.info(
-                    "%s: engine policy=%s static_batch_timeout_s=%s, client=%s",
-                    name,
-                    options["policy"],
-                    options["static_batch_timeout_s"],
-                    plan.client,
-                )
-                engine = build_engine(cfg.model, clock, options)
-                if ctrl_c.pressed:  # while it was being built
-                    comp.interrupted = True
-                    break
-                comp.engines[name] = {
-                    "config": engine.config.options(),
-                    "buckets": dataclasses.asdict(engine.buckets),
-                    "client": None if plan.client is None else dataclasses.asdict(plan.client),
-                    "warmup_s": engine.warmup_s,
-                    "compiles_at_warmup": engine.num_compiles,
-                }
-                if options.get("runner") == "sim":  # what the step times are: a fit or a prediction
-                    comp.engines[name]["cost_model"] = engine.runner.cost_model.to_dict()
-                bar = tqdm(total=len(workload), desc=f"{name:>11}", unit="req", disable=not progress, file=sys.stderr)
-
-                def step_done(p, name=name, bar=bar):
-                    bar.update(p.num_finished - bar.n)
-                    if on_step is not None:
-                        on_step(name, p)
-                    if ctrl_c.pressed:
-                        raise KeyboardInterrupt  # run_online ends the run here, keeping what it measured
-
-                result = run_online(
-                    engine,
-                    workload,
-                    client=plan.client,
-                    step_cost_s=step_cost_s,
-                    on_step=step_done,
-                    horizon_s=cfg.get("horizon_s"),
-                )
-                bar.close()
-                comp.results[name] = result
-                del engine  # free its KV cache before the next policy's engine is built
-                if result.interrupted:
-                    comp.interrupted = True
-                    break
+            for rep in range(cfg.get("repeats", 1)):
+                # Interleaved: each repeat runs every policy once, starting one entry later than the repeat before,
+                # so a slow minute of the machine falls on all of them and no policy always runs first.
+                k = rep % len(cfg.policies)
+                for name in cfg.policies[k:] + cfg.policies[:k]:
+                    if not _run_entry(cfg, comp, name, rep, workload, step_cost_s, ctrl_c, progress, on_step):
+                        return comp
         except KeyboardInterrupt:  # a second Ctrl-C: keep the policies already measured
             comp.interrupted = True
     return comp
 
 
 def summaries_of(cfg, comp: Comparison) -> dict[str, dict[str, Any]]:
-    """cbjax.bench.metrics.summarize per policy, plus run facts and each policy's output throughput over static's."""
+    """cbjax.bench.metrics.summarize per policy, plus run facts and each policy's output throughput over static's.
+    With several repeats, the metrics of INTERVAL_METRICS are medians over the repeats that every policy completed,
+    with 95% intervals and, given config.baseline, paired ratios to the baseline (cbjax/bench/intervals.py)."""
+    from cbjax.bench.intervals import summarize_repeats
     from cbjax.bench.metrics import summarize
 
     slo = {k: v for k, v in cfg.slo.to_dict().items() if v is not None}
-    out = {}
-    for name, res in comp.results.items():
+
+    def summary(name, res):
         s = summarize(res.requests, res.steps, slo=slo)
         s.update(
             interrupted=res.interrupted,
@@ -299,7 +339,15 @@ def summaries_of(cfg, comp: Comparison) -> dict[str, dict[str, Any]]:
             wall_s=res.wall_s,
             warmup_s=comp.engines[name]["warmup_s"],
         )
-        out[name] = s
+        return s
+
+    n = comp.num_repeats
+    if cfg.get("repeats", 1) == 1 or n < 2:
+        out = {name: summary(name, res) for name, res in comp.results.items()}
+    else:
+        runs = {name: [summary(name, r) for r in comp.repeats[name][:n]] for name in comp.results}
+        baseline = runs.get(cfg.get("baseline"))
+        out = {name: summarize_repeats(r, INTERVAL_METRICS, baseline) for name, r in runs.items()}
     base = out.get("static", {}).get("output_throughput", math.nan)
     for s in out.values():
         s["output_throughput_vs_static"] = s["output_throughput"] / base if base and base > 0 else math.nan
@@ -335,6 +383,43 @@ def format_table(summaries: Mapping[str, Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+# The columns of the interval table: (header, metric, format of its values).
+INTERVAL_COLUMNS = (
+    ("out tok/s", "output_throughput", "{:.0f}"),
+    ("TTFT p50", "ttft_ms_p50", "{:.0f}"),
+    ("TTFT p99", "ttft_ms_p99", "{:.0f}"),
+    ("TPOT p50", "tpot_ms_p50", "{:.1f}"),
+    ("E2E p50", "e2e_ms_p50", "{:.0f}"),
+)
+
+
+def interval_table(summaries: Mapping[str, Mapping[str, Any]], baseline: str | None = None) -> str | None:
+    """With repeats: per policy and metric, the median and its 95% interval, and (given a baseline) the paired ratio
+    to the baseline, starred where its interval excludes 1 (a difference larger than the repeats' noise)."""
+    n = min((s.get("repeats", 1) for s in summaries.values()), default=1)
+    if n < 2:
+        return None
+    from cbjax.bench.intervals import Interval, format_interval
+
+    def cell(name, s, key, fmt):
+        low, high = s[f"{key}_ci"]
+        text = format_interval(Interval(s[key], low, high, n), fmt)
+        if baseline is not None and name != baseline and f"{key}_ratio" in s:
+            star = "*" if s[f"{key}_significant"] else ""
+            text += f" {_cell(s[f'{key}_ratio'], '{:.2f}')}x{star}"
+        return text
+
+    header = ["policy", *(h for h, _, _ in INTERVAL_COLUMNS)]
+    rows = [[name, *(cell(name, s, key, fmt) for _, key, fmt in INTERVAL_COLUMNS)] for name, s in summaries.items()]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        for r in [header, *rows]
+    ]
+    ratio = "" if baseline is None else f"; x: paired ratio to {baseline}, * where its 95% interval excludes 1"
+    return "\n".join([f"medians over {n} repeats with 95% intervals [low, high]{ratio}", *lines])
+
+
 def outputs_line(summaries: Mapping[str, Mapping[str, Any]]) -> str | None:
     """Whether every entry generated exactly the first entry's tokens (greedy: they must)."""
     if len(summaries) < 2:
@@ -366,11 +451,12 @@ def write_results(comp: Comparison, summaries, folder: str, start_time: datetime
                 "interrupted": comp.interrupted,
                 "num_requests": comp.num_requests,
                 "policies_run": list(comp.results),
+                "repeats": comp.num_repeats,
             },
         ),
     )
     results.write_summary(folder, summaries)
-    results.write_records(folder, comp.results)
+    results.write_records(folder, comp.repeats or {name: [res] for name, res in comp.results.items()})
     return plots.plot_all(folder, summaries, comp.results) if comp.results else []
 
 
@@ -417,7 +503,7 @@ def main(argv):
         summaries = summaries_of(cfg, comp)
         print()
         print(format_table(summaries))
-        for line in (ratio_line(summaries), outputs_line(summaries)):
+        for line in (interval_table(summaries, cfg.get("baseline")), ratio_line(summaries), outputs_line(summaries)):
             if line is not None:
                 print(line)
         write_results(comp, summaries, folder, start_time)

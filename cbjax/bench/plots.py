@@ -9,6 +9,7 @@ Inputs are what the online loop returns (`{policy: OnlineResult}`) and the summa
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -43,7 +44,15 @@ def plot_throughput(path: str, summaries: Mapping[str, Mapping[str, Any]]) -> st
         (axes[1], "request_throughput", "requests/s"),
     ):
         values = [_finite(summaries[p].get(key)) for p in policies]
-        bars = ax.bar(policies, values, color=[f"C{i}" for i in range(len(policies))])
+        # With repeats, the 95% interval of each median (cbjax/bench/intervals.py) as an error bar.
+        cis = [summaries[p].get(f"{key}_ci") for p in policies]
+        errors = None
+        if all(ci is not None and all(math.isfinite(b) for b in ci) for ci in cis):
+            errors = [
+                [max(0.0, v - lo) for v, (lo, _) in zip(values, cis)],
+                [max(0.0, hi - v) for v, (_, hi) in zip(values, cis)],
+            ]
+        bars = ax.bar(policies, values, yerr=errors, capsize=4, color=[f"C{i}" for i in range(len(policies))])
         ax.bar_label(bars, fmt="%.1f")
         ax.set_ylabel(label)
         ax.set_title(label)

@@ -185,13 +185,15 @@ def _fields(record) -> dict[str, Any]:
     return {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
 
 
-def write_records(folder: str, results: Mapping[str, Any]) -> None:
-    """requests.jsonl and steps.jsonl from {policy: OnlineResult}, each line tagged with its policy."""
+def write_records(folder: str, results: Mapping[str, Sequence[Any]]) -> None:
+    """requests.jsonl and steps.jsonl from {policy: [OnlineResult of each repeat]}, each line tagged with its
+    policy and repeat (0 for the first)."""
+    runs = [(p, i, res) for p, reps in results.items() for i, res in enumerate(reps)]
     write_jsonl(
         os.path.join(folder, "requests.jsonl"),
-        ({"policy": p, **_fields(r)} for p, res in results.items() for r in res.requests),
+        ({"policy": p, "repeat": i, **_fields(r)} for p, i, res in runs for r in res.requests),
     )
     write_jsonl(
         os.path.join(folder, "steps.jsonl"),
-        ({"policy": p, **_fields(s)} for p, res in results.items() for s in res.steps),
+        ({"policy": p, "repeat": i, **_fields(s)} for p, i, res in runs for s in res.steps),
     )

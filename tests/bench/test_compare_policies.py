@@ -314,3 +314,39 @@ def test_data_parallel_routers_compare_like_policies(tmp_path):
 def test_bad_data_parallel_options_are_refused_before_the_run(variant, message):
     with pytest.raises(ValueError, match=message):
         cp.resolve_config(parse([f"--config={TINY}", "--config.policies=v", f"--config.variants={variant}"]))
+
+
+def test_repeats_interleave_the_policies_and_give_intervals_and_paired_ratios(tmp_path):
+    argv = [f"--config={TINY}", "--config.repeats=2", "--config.baseline=fcfs"]
+    cfg = cp.resolve_config(parse(argv))
+    starts = []
+
+    def record(policy, progress):
+        if progress.num_steps == 1:
+            starts.append(policy)
+
+    comp = cp.run_comparison(cfg, progress=False, on_step=record)
+    # Repeat 2 starts one entry later: a slow minute of the machine does not always fall on the same policy.
+    assert starts == ["static", "time_window", "fcfs", "time_window", "fcfs", "static"]
+    assert comp.num_repeats == 2 and list(comp.results) == list(POLICIES)
+    assert all(comp.repeats[p][0] is comp.results[p] for p in POLICIES)
+    summaries = cp.summaries_of(cfg, comp)
+    for s in summaries.values():
+        assert s["repeats"] == 2
+        for key in cp.INTERVAL_METRICS:
+            low, high = s[f"{key}_ci"]
+            assert low <= s[key] <= high and sorted(s[f"{key}_runs"]) == [low, high]  # 2 repeats: the two runs
+    fcfs = summaries["fcfs"]
+    assert all(fcfs[f"{k}_ratio"] == 1.0 and not fcfs[f"{k}_significant"] for k in cp.INTERVAL_METRICS)
+    table = cp.interval_table(summaries, "fcfs")
+    assert table.startswith("medians over 2 repeats") and "paired ratio to fcfs" in table
+    assert cp.interval_table(summaries) is not None and "ratio" not in cp.interval_table(summaries)
+    cp.write_results(comp, summaries, str(tmp_path), datetime.datetime.now())
+    requests = read_jsonl(tmp_path / "requests.jsonl")
+    assert {(r["policy"], r["repeat"]) for r in requests} == {(p, i) for p in POLICIES for i in (0, 1)}
+    assert len(requests) == 12 * 2 * len(POLICIES)
+    assert json.loads((tmp_path / "manifest.json").read_text())["repeats"] == 2
+    with pytest.raises(ValueError, match="baseline"):
+        cp.resolve_config(parse([f"--config={TINY}", "--config.baseline=sjf"]))
+    with pytest.raises(ValueError, match="repeats"):
+        cp.resolve_config(parse([f"--config={TINY}", "--config.repeats=0"]))

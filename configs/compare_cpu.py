@@ -23,11 +23,14 @@ def get_config() -> ml_collections.ConfigDict:
     c.horizon_s = config_dict.placeholder(float)  # end each run here (s); unfinished requests count as not completed
     # Runs of every policy, interleaved (repeat r starts r entries later). > 1: the table's metrics become medians over
     # the repeats with 95% bootstrap intervals (cbjax/bench/intervals.py), and every repeat's records are written.
-    # (On the simulator a repeat is an exact copy: its spread is the workload seed's, not the repeats'.)
+    # (On the simulator a repeat is an exact copy: give it `seeds` instead.)
     c.repeats = 1
     # With repeats: an entry of `policies` every other entry is compared with, repeat by repeat (paired ratios with
     # intervals; a ratio whose interval excludes 1 is starred as a difference larger than the noise).
     c.baseline = config_dict.placeholder(str)
+    # Workload seeds: every repeat runs on workload.seed, workload.seed + 1, ... (repeats x seeds runs of each policy,
+    # paired by run), so the intervals also cover the workload's randomness: the simulator's only spread.
+    c.seeds = 1
     # Per-entry constructor options of the policy, e.g. c.policy_options.priority = dict(aging_s=5.0)
     # (docs/policies.md lists each policy's options).
     c.policy_options = ml_collections.ConfigDict()

@@ -168,9 +168,10 @@ def resolve_config(cfg):
         raise ValueError(f"config.clock must be 'real' or 'virtual', got {cfg.clock!r}")
     if cfg.step_cost_ms < 0 or (cfg.step_cost_ms > 0 and cfg.clock != "virtual"):
         raise ValueError(f"config.step_cost_ms={cfg.step_cost_ms} needs config.clock='virtual' (0 with a real clock)")
-    repeats = cfg.get("repeats", 1)
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"config.repeats must be an integer >= 1, got {repeats!r}")
+    for field in ("repeats", "seeds"):
+        value = cfg.get(field, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"config.{field} must be an integer >= 1, got {value!r}")
     if cfg.get("baseline") is not None and cfg.baseline not in names:
         raise ValueError(f"config.baseline ({cfg.baseline!r}) is not one of config.policies {names}")
     if not isinstance(cfg.get("overwrite", False), bool):
@@ -273,7 +274,7 @@ def _run_entry(cfg, comp: Comparison, name: str, rep: int, workload, step_cost_s
         }
         if options.get("runner") == "sim":  # what the step times are: a fit or a prediction
             comp.engines[name]["cost_model"] = engine.runner.cost_model.to_dict()
-    label = name if cfg.get("repeats", 1) == 1 else f"{name} #{rep + 1}"
+    label = name if cfg.get("repeats", 1) * cfg.get("seeds", 1) == 1 else f"{name} #{rep + 1}"
     bar = tqdm(total=len(workload), desc=f"{label:>11}", unit="req", disable=not progress, file=sys.stderr)
 
     def step_done(p):
@@ -296,26 +297,35 @@ def _run_entry(cfg, comp: Comparison, name: str, rep: int, workload, step_cost_s
     return True
 
 
+def _seeded(cfg, offset: int):
+    """The workload config with its seed moved by `offset` (the config's own seed for 0)."""
+    w = cfg.workload.copy_and_resolve_references()
+    w.seed = cfg.workload.seed + offset
+    return w
+
+
 def run_comparison(cfg, *, workload=None, progress: bool = True, on_step: Callable | None = None) -> Comparison:
     """Run every policy of the (resolved) config on the same workload (None: the config's). Ctrl-C ends it early
     with what was measured.
 
     `on_step(policy, Progress)` is called after every engine step (tests use it to inject an interrupt).
-    With config.repeats > 1 every policy runs that many times, interleaved (see `comp.repeats`)."""
+    With config.repeats > 1 every policy runs that many times, interleaved, on each of config.seeds workload seeds
+    (see `comp.repeats`: run i of every policy had the same workload)."""
     from cbjax.bench.workload import make_workload
 
-    if workload is None:
-        workload = make_workload(cfg.workload)
-    comp = Comparison({}, {}, len(workload))
+    seeds = cfg.get("seeds", 1)
+    workloads = [workload if workload is not None and s == 0 else make_workload(_seeded(cfg, s)) for s in range(seeds)]
+    comp = Comparison({}, {}, len(workloads[0]))
     step_cost_s = cfg.step_cost_ms / 1e3 if cfg.step_cost_ms > 0 else None  # None: measured
     with CtrlC("stopping at the next step, then writing what was measured") as ctrl_c:
         try:
-            for rep in range(cfg.get("repeats", 1)):
-                # Interleaved: each repeat runs every policy once, starting one entry later than the repeat before,
+            for run in range(cfg.get("repeats", 1) * seeds):
+                # Interleaved: each run goes through every policy once, starting one entry later than the run before,
                 # so a slow minute of the machine falls on all of them and no policy always runs first.
-                k = rep % len(cfg.policies)
+                k = run % len(cfg.policies)
+                wl = workloads[run % seeds]
                 for name in cfg.policies[k:] + cfg.policies[:k]:
-                    if not _run_entry(cfg, comp, name, rep, workload, step_cost_s, ctrl_c, progress, on_step):
+                    if not _run_entry(cfg, comp, name, run, wl, step_cost_s, ctrl_c, progress, on_step):
                         return comp
         except KeyboardInterrupt:  # a second Ctrl-C: keep the policies already measured
             comp.interrupted = True
@@ -342,7 +352,7 @@ def summaries_of(cfg, comp: Comparison) -> dict[str, dict[str, Any]]:
         return s
 
     n = comp.num_repeats
-    if cfg.get("repeats", 1) == 1 or n < 2:
+    if n < 2:
         out = {name: summary(name, res) for name, res in comp.results.items()}
     else:
         runs = {name: [summary(name, r) for r in comp.repeats[name][:n]] for name in comp.results}
@@ -451,7 +461,7 @@ def write_results(comp: Comparison, summaries, folder: str, start_time: datetime
                 "interrupted": comp.interrupted,
                 "num_requests": comp.num_requests,
                 "policies_run": list(comp.results),
-                "repeats": comp.num_repeats,
+                "repeats": comp.num_repeats,  # runs of every policy (repeats x seeds, run i on seed i % seeds)
             },
         ),
     )

@@ -350,3 +350,26 @@ def test_repeats_interleave_the_policies_and_give_intervals_and_paired_ratios(tm
         cp.resolve_config(parse([f"--config={TINY}", "--config.baseline=sjf"]))
     with pytest.raises(ValueError, match="repeats"):
         cp.resolve_config(parse([f"--config={TINY}", "--config.repeats=0"]))
+
+
+def test_seeds_spread_a_deterministic_run_over_workloads_and_keep_the_runs_paired():
+    # The simulator repeats exactly; seeds give it a spread: run i of every policy has the workload of seed i.
+    argv = [
+        f"--config={TINY}",
+        "--config.engine.runner=sim",
+        "--config.sim.accelerator=h200",
+        "--config.step_cost_ms=0",
+        "--config.seeds=3",
+        "--config.baseline=static",
+    ]
+    cfg = cp.resolve_config(parse(argv))
+    comp = cp.run_comparison(cfg, progress=False)
+    assert comp.num_repeats == 3
+    prompts = {p: [sorted(r.prompt_len for r in res.requests) for res in comp.repeats[p]] for p in POLICIES}
+    assert prompts["fcfs"] == prompts["static"] and len({tuple(x) for x in prompts["fcfs"]}) == 3  # 3 workloads
+    summaries = cp.summaries_of(cfg, comp)
+    low, high = summaries["fcfs"]["output_throughput_ci"]
+    assert low < high  # the seeds' spread, where repeats alone would give a point
+    assert not summaries["static"]["output_throughput_significant"]  # the baseline against itself
+    with pytest.raises(ValueError, match="seeds"):
+        cp.resolve_config(parse([f"--config={TINY}", "--config.seeds=0"]))

@@ -19,12 +19,13 @@ import datetime
 import math
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from absl import app, logging
 from ml_collections import config_flags
 
+from cbjax.bench.comparison_table import INTERVAL_METRICS, format_table, interval_table, outputs_line, ratio_line
 from cbjax.bench.ctrl_c import CtrlC
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,40 +33,6 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config",
     os.path.join(_ROOT, "configs", "compare_cpu.py"),
     "experiment config file; override any field with --config.<field>=<value>",
-)
-
-# (header, summary key, format): the table's columns. Latencies in ms; rates per second.
-COLUMNS = (
-    ("req/s", "request_throughput", "{:.2f}"),
-    ("out tok/s", "output_throughput", "{:.1f}"),
-    ("TTFT p50", "ttft_ms_p50", "{:.0f}"),
-    ("TTFT p99", "ttft_ms_p99", "{:.0f}"),
-    ("TPOT p50", "tpot_ms_p50", "{:.1f}"),
-    ("TPOT p99", "tpot_ms_p99", "{:.1f}"),
-    ("E2E p99", "e2e_ms_p99", "{:.0f}"),
-    ("goodput", "goodput", "{:.2f}"),
-    ("slots", "slot_occupancy_mean", "{:.0%}"),
-    ("preempt", "request_preemptions", "{:d}"),
-    ("recomp tok", "recomputed_tokens", "{:d}"),
-    ("swap MB", "swap_mb", "{:.1f}"),
-    ("hit rate", "prefix_cache_hit_rate", "{:.0%}"),
-    ("long done", "long_completion_rate", "{:.0%}"),
-    ("same out", "same_outputs", "{:.0%}"),
-    ("accept", "spec_acceptance_rate", "{:.0%}"),
-    ("acc len", "spec_mean_acceptance_length", "{:.2f}"),
-)
-
-# The metrics a comparison with repeats reports as medians with intervals (and ratios to a baseline).
-INTERVAL_METRICS = (
-    "request_throughput",
-    "output_throughput",
-    "ttft_ms_p50",
-    "ttft_ms_p99",
-    "tpot_ms_p50",
-    "tpot_ms_p99",
-    "e2e_ms_p50",
-    "e2e_ms_p99",
-    "goodput",
 )
 
 
@@ -372,80 +339,6 @@ def summaries_of(cfg, comp: Comparison) -> dict[str, dict[str, Any]]:
             out[name]["same_outputs"] = same / len(both) if both else math.nan
             out[name]["num_compared_outputs"] = len(both)
     return out
-
-
-def _cell(value, fmt: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return fmt.format(int(value) if fmt == "{:d}" else value)
-
-
-def format_table(summaries: Mapping[str, Mapping[str, Any]]) -> str:
-    """One row per policy, the COLUMNS above, aligned."""
-    header = ["policy", *(h for h, _, _ in COLUMNS)]
-    rows = [[name, *(_cell(s.get(key), fmt) for _, key, fmt in COLUMNS)] for name, s in summaries.items()]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = [
-        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-        for r in [header, *rows]
-    ]
-    lines.insert(1, "-" * len(lines[0]))
-    return "\n".join(lines)
-
-
-# The columns of the interval table: (header, metric, format of its values).
-INTERVAL_COLUMNS = (
-    ("out tok/s", "output_throughput", "{:.0f}"),
-    ("TTFT p50", "ttft_ms_p50", "{:.0f}"),
-    ("TTFT p99", "ttft_ms_p99", "{:.0f}"),
-    ("TPOT p50", "tpot_ms_p50", "{:.1f}"),
-    ("E2E p50", "e2e_ms_p50", "{:.0f}"),
-)
-
-
-def interval_table(summaries: Mapping[str, Mapping[str, Any]], baseline: str | None = None) -> str | None:
-    """With repeats: per policy and metric, the median and its 95% interval, and (given a baseline) the paired ratio
-    to the baseline, starred where its interval excludes 1 (a difference larger than the repeats' noise)."""
-    n = min((s.get("repeats", 1) for s in summaries.values()), default=1)
-    if n < 2:
-        return None
-    from cbjax.bench.intervals import Interval, format_interval
-
-    def cell(name, s, key, fmt):
-        low, high = s[f"{key}_ci"]
-        text = format_interval(Interval(s[key], low, high, n), fmt)
-        if baseline is not None and name != baseline and f"{key}_ratio" in s:
-            star = "*" if s[f"{key}_significant"] else ""
-            text += f" {_cell(s[f'{key}_ratio'], '{:.2f}')}x{star}"
-        return text
-
-    header = ["policy", *(h for h, _, _ in INTERVAL_COLUMNS)]
-    rows = [[name, *(cell(name, s, key, fmt) for _, key, fmt in INTERVAL_COLUMNS)] for name, s in summaries.items()]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = [
-        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-        for r in [header, *rows]
-    ]
-    ratio = "" if baseline is None else f"; x: paired ratio to {baseline}, * where its 95% interval excludes 1"
-    return "\n".join([f"medians over {n} repeats with 95% intervals [low, high]{ratio}", *lines])
-
-
-def outputs_line(summaries: Mapping[str, Mapping[str, Any]]) -> str | None:
-    """Whether every entry generated exactly the first entry's tokens (greedy: they must)."""
-    if len(summaries) < 2:
-        return None
-    first = next(iter(summaries))
-    differ = [n for n, s in summaries.items() if s.get("same_outputs", math.nan) != 1.0]
-    if not differ:
-        return f"outputs: every entry generated exactly {first}'s tokens"
-    return f"outputs: differ from {first}'s (or none compared) in {differ}"
-
-
-def ratio_line(summaries: Mapping[str, Mapping[str, Any]]) -> str | None:
-    if "fcfs" not in summaries or "static" not in summaries:
-        return None
-    r = summaries["fcfs"]["output_throughput_vs_static"]
-    return f"continuous (fcfs) / static output throughput: {r:.2f}x"
 
 
 def write_results(comp: Comparison, summaries, folder: str, start_time: datetime.datetime) -> list[str]:

@@ -9,7 +9,11 @@ workload.py     make_workload(cfg): the entry point experiments use
 fields.py       reading and checking config fields
 online.py       the online loop: requests join a running engine as the clock reaches them
 metrics.py      vLLM's serving metrics (TTFT, TPOT, ITL, E2E, goodput) and per-step engine metrics
+intervals.py    medians over repeated runs with bootstrap intervals, paired ratios, significance
+comparison_table.py  the policy comparison's printed tables
 results.py      the results folder: config, manifest, summaries, records
 plots.py        throughput, latency CDFs, utilisation (matplotlib, imported on use)
 config_files.py loading sibling ml_collections config files
+ctrl_c.py       Ctrl-C that ends a run at the next step, keeping what was measured
+host_timers.py  the serving thread's CPU time per step, by part (through the engine's and runner's hooks)
 """

@@ -19,7 +19,14 @@ from typing import Protocol, runtime_checkable
 from cbjax.config.compilation import WARMUP_MODES
 from cbjax.core.scheduler_output import SchedulerOutput
 
-__all__ = ["WARMUP_MODES", "Runner", "StepHandle"]
+__all__ = ["WARMUP_MODES", "Runner", "StepHandle", "check_warmup_mode"]
+
+
+def check_warmup_mode(mode: str) -> str:
+    """`mode` if it is one of WARMUP_MODES, else the ValueError every runner's `warmup` raises."""
+    if mode not in WARMUP_MODES:
+        raise ValueError(f"warmup must be one of {WARMUP_MODES}, got {mode!r}")
+    return mode
 
 
 class StepHandle(Protocol):

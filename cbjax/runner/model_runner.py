@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from cbjax.core.runner_contract import WARMUP_MODES
+from cbjax.core.runner_contract import check_warmup_mode
 from cbjax.core.scheduler_output import SchedulerOutput
 from cbjax.model.llama import Llama
 from cbjax.runner import sharding
@@ -215,8 +215,7 @@ class ModelRunner:
         """Build the step programs: "full" every token bucket's now, and `prime` them; "background" in a background
         thread (a step whose bucket is not built yet builds it at once); "none" each when a step first needs it.
         The swap programs (when swapping is on) are built now in any mode. Returns the seconds this call took."""
-        if mode not in WARMUP_MODES:
-            raise ValueError(f"warmup must be one of {WARMUP_MODES}, got {mode!r}")
+        check_warmup_mode(mode)
         t0 = time.perf_counter()
         if self.host_pool is not None:
             with self.compiles.counting():

@@ -19,7 +19,7 @@ import zlib
 from collections.abc import Mapping
 
 from cbjax.core.clock import VirtualClock
-from cbjax.core.runner_contract import WARMUP_MODES
+from cbjax.core.runner_contract import check_warmup_mode
 from cbjax.core.scheduler_output import SchedulerOutput
 from cbjax.sim.cost_model import CostModel
 from cbjax.sim.features import StepFeatures, step_features
@@ -79,8 +79,7 @@ class SimRunner:
 
     def warmup(self, mode: str = "full") -> float:
         """Nothing to build: 0 seconds."""
-        if mode not in WARMUP_MODES:
-            raise ValueError(f"warmup must be one of {WARMUP_MODES}, got {mode!r}")
+        check_warmup_mode(mode)
         return 0.0
 
     def wait_until_warm(self) -> None:

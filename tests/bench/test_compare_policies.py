@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from cbjax.bench import comparison_table as tables
 from experiments import compare_policies as cp
 from tests.helpers import ROOT
 from tests.helpers import parse_config as parse
@@ -117,14 +118,14 @@ def test_ctrl_c_writes_what_was_measured(tmp_path):
     cut = summaries["time_window"]
     assert cut["interrupted"] and cut["num_completed"] < 12 and len(comp.results["time_window"].steps) == 5
     assert summaries["static"]["num_completed"] == 12
-    assert "fcfs" not in cp.format_table(summaries) and cp.ratio_line(summaries) is None
+    assert "fcfs" not in tables.format_table(summaries) and tables.ratio_line(summaries) is None
 
 
 def test_table_shows_missing_values_as_dashes():
     nan = math.nan
-    row = {key: nan for _, key, _ in cp.COLUMNS}
+    row = {key: nan for _, key, _ in tables.COLUMNS}
     row.update(request_throughput=2.0, output_throughput=50.0, request_preemptions=3, slot_occupancy_mean=0.5)
-    table = cp.format_table({"static": row, "fcfs": {**row, "output_throughput": 125.0}})
+    table = tables.format_table({"static": row, "fcfs": {**row, "output_throughput": 125.0}})
     lines = table.splitlines()
     assert lines[0].split()[0] == "policy" and len(lines) == 4
     assert lines[2].split()[:3] == ["static", "2.00", "50.0"] and "50%" in lines[2] and "-" in lines[2].split()
@@ -158,7 +159,7 @@ def test_variants_and_every_policy_generate_the_same_tokens(tmp_path):
     assert comp.engines["srpt_oracle"]["config"]["policy_options"] == {"victim": "cheapest_recompute"}
     for s in summaries.values():
         assert s["num_completed"] == 12 and s["same_outputs"] == 1.0 and s["num_compared_outputs"] == 12
-    assert cp.outputs_line(summaries).startswith("outputs: every entry generated exactly fcfs's tokens")
+    assert tables.outputs_line(summaries).startswith("outputs: every entry generated exactly fcfs's tokens")
     cp.write_results(comp, summaries, str(tmp_path), datetime.datetime.now())  # nested options are JSON-safe
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["engines"]["cached_swap"]["config"]["policy_options"] == {"quantum": 4}
@@ -333,14 +334,14 @@ def test_repeats_interleave_the_policies_and_give_intervals_and_paired_ratios(tm
     summaries = cp.summaries_of(cfg, comp)
     for s in summaries.values():
         assert s["repeats"] == 2
-        for key in cp.INTERVAL_METRICS:
+        for key in tables.INTERVAL_METRICS:
             low, high = s[f"{key}_ci"]
             assert low <= s[key] <= high and sorted(s[f"{key}_runs"]) == [low, high]  # 2 repeats: the two runs
     fcfs = summaries["fcfs"]
-    assert all(fcfs[f"{k}_ratio"] == 1.0 and not fcfs[f"{k}_significant"] for k in cp.INTERVAL_METRICS)
-    table = cp.interval_table(summaries, "fcfs")
+    assert all(fcfs[f"{k}_ratio"] == 1.0 and not fcfs[f"{k}_significant"] for k in tables.INTERVAL_METRICS)
+    table = tables.interval_table(summaries, "fcfs")
     assert table.startswith("medians over 2 repeats") and "paired ratio to fcfs" in table
-    assert cp.interval_table(summaries) is not None and "ratio" not in cp.interval_table(summaries)
+    assert tables.interval_table(summaries) is not None and "ratio" not in tables.interval_table(summaries)
     cp.write_results(comp, summaries, str(tmp_path), datetime.datetime.now())
     requests = read_jsonl(tmp_path / "requests.jsonl")
     assert {(r["policy"], r["repeat"]) for r in requests} == {(p, i) for p in POLICIES for i in (0, 1)}

@@ -11,7 +11,7 @@ shared (prefix-cached) pages are read-only.
 import dataclasses
 
 from cbjax.core.request import PENDING_TOKEN
-from cbjax.core.runner_contract import WARMUP_MODES
+from cbjax.core.runner_contract import check_warmup_mode
 from cbjax.core.scheduler import Scheduler
 from cbjax.core.scheduler_output import SchedulerOutput
 
@@ -68,8 +68,7 @@ class FakeRunner:
         self.swap_out_bytes_total = self.swap_in_bytes_total = 0
 
     def warmup(self, mode: str = "full") -> float:
-        if mode not in WARMUP_MODES:
-            raise ValueError(f"warmup must be one of {WARMUP_MODES}, got {mode!r}")
+        check_warmup_mode(mode)
         return 0.0
 
     def wait_until_warm(self) -> None:

@@ -4,14 +4,14 @@ continuous/static output-throughput ratio. About 3-4 minutes on 2 CPU cores (com
   python -m experiments.compare_policies --config=configs/compare_mixed.py
 
 Offline (every request at t=0) so throughput is the engine's, not the arrival rate's. Every field not set here is
-compare_cpu.py's (see the comments there).
+base.py's (see the comments there).
 """
 
 from cbjax.bench.config_files import sibling_config
 
 
 def get_config():
-    c = sibling_config(__file__, "compare_cpu.py")
+    c = sibling_config(__file__, "base.py")
     c.run_name = "compare_mixed"  # results/compare_mixed/
     c.policies = ("static", "fcfs")  # time_window equals static when everything arrives at once
     c.engine.static_batch_timeout_s = 0.0  # offline: a static batch starts with whatever waits (max_num_seqs)

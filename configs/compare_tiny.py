@@ -2,14 +2,14 @@
 
   python -m experiments.compare_policies --config=configs/compare_tiny.py
 
-Every field not set here is compare_cpu.py's (see the comments there).
+Every field not set here is base.py's (see the comments there).
 """
 
 from cbjax.bench.config_files import sibling_config
 
 
 def get_config():
-    c = sibling_config(__file__, "compare_cpu.py")
+    c = sibling_config(__file__, "base.py")
     c.model = "test-tiny"  # 2 layers, vocab 512: compiles in seconds
     c.run_name = "compare_tiny"  # results/compare_tiny/
     c.clock = "virtual"  # simulated time: reproducible, never sleeps

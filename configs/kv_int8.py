@@ -6,14 +6,14 @@ llama-tiny (random weights) under fcfs, the chat/RAG/code mix at 1/4 lengths, of
 pages (32 KiB each, 16 tokens) give 256 pages = 4,096 tokens; int8 pages (9 KiB with their scales) give 910 pages =
 14,560 tokens. The table's `slots` and summary.json's `running_mean` (admitted concurrency), preemptions and
 throughput show the difference. About a minute on 2 CPU cores.
-Every field not set here is compare_cpu.py's (see the comments there).
+Every field not set here is base.py's (see the comments there).
 """
 
 from cbjax.bench.config_files import sibling_config
 
 
 def get_config():
-    c = sibling_config(__file__, "compare_cpu.py")
+    c = sibling_config(__file__, "base.py")
     c.model = "llama-tiny"
     c.run_name = "kv_int8"  # results/kv_int8/
     c.policies = ("kv_float32", "kv_int8")

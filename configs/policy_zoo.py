@@ -8,14 +8,14 @@ them on 2 CPU cores, so the queue grows until the end: the order a policy serves
 ends at `horizon_s`, 2 s after the last arrival: what has not finished by then counts as not completed, so
 "long done" shows which policies leave the long requests behind. Virtual clock with measured step times: no idle
 sleeping, and arrivals are replayed exactly. About 4 minutes on 2 CPU cores.
-Every field not set here is compare_cpu.py's (see the comments there); docs/policies.md explains the policies.
+Every field not set here is base.py's (see the comments there); docs/policies.md explains the policies.
 """
 
 from cbjax.bench.config_files import sibling_config
 
 
 def get_config():
-    c = sibling_config(__file__, "compare_cpu.py")
+    c = sibling_config(__file__, "base.py")
     c.run_name = "policy_zoo"  # results/policy_zoo/
     c.policies = (
         "fcfs",

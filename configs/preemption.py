@@ -5,14 +5,14 @@
 The chat/RAG/code mix offline (all at t=0) into 1024 KV tokens for 32 slots: sequences are preempted all the time.
 Both modes must finish every request with the same outputs; the table reports the recomputed tokens and the
 megabytes swapped (out + in), and steps.jsonl the bytes and copy time per step. About 2 minutes on 2 CPU cores.
-Every field not set here is compare_cpu.py's (see the comments there).
+Every field not set here is base.py's (see the comments there).
 """
 
 from cbjax.bench.config_files import sibling_config
 
 
 def get_config():
-    c = sibling_config(__file__, "compare_cpu.py")
+    c = sibling_config(__file__, "base.py")
     c.run_name = "preemption"  # results/preemption/
     c.policies = ("recompute", "swap")
     c.variants.recompute = dict(policy="fcfs", preemption_mode="recompute")

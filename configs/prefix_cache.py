@@ -5,14 +5,14 @@
 8 system prompts of 384 tokens, each request adds a 16-64 token question and asks for 32 tokens; Poisson arrivals
 at a rate the uncached engine barely keeps up with. A hit skips the prefill of the cached pages, so TTFT falls;
 the outputs must be identical ("same out"). About 2 minutes on 2 CPU cores.
-Every field not set here is compare_cpu.py's (see the comments there).
+Every field not set here is base.py's (see the comments there).
 """
 
 from cbjax.bench.config_files import sibling_config
 
 
 def get_config():
-    c = sibling_config(__file__, "compare_cpu.py")
+    c = sibling_config(__file__, "base.py")
     c.run_name = "prefix_cache"  # results/prefix_cache/
     c.policies = ("cache_off", "cache_on", "lpm_cache_on")
     c.variants.cache_off = dict(policy="fcfs", enable_prefix_caching=False)

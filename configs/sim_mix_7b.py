@@ -9,14 +9,14 @@ prediction from data-sheet peaks, not a measurement (cbjax/sim/roofline.py; docs
 Offline (all requests at t=0), as configs/compare_mixed.py does on the CPU, so the ratio is the engines' and not
 the arrival rate's. A single v5e chip (16 GB) holds the 13.5 GB of bf16 weights with room for ~1.7k KV tokens,
 less than one long request: the v5e run takes 4 chips (tensor parallel, communication taken as free). Every field
-not set here is compare_cpu.py's.
+not set here is base.py's.
 """
 
 from cbjax.bench.config_files import sibling_config
 
 
 def get_config():
-    c = sibling_config(__file__, "compare_cpu.py")
+    c = sibling_config(__file__, "base.py")
     c.run_name = "sim_mix_7b"  # results/sim_mix_7b/
     c.model = "llama-7b"  # Llama-2-7B shapes (cbjax/model/config.py); no weights are built
     c.policies = ("static", "fcfs")

@@ -7,14 +7,14 @@ at t=0) into a 4096-token KV pool: without eviction a sequence holds its whole c
 eviction at most window + chunk (decoding: 9 pages of 16). The table's `slots` and summary.json's `running_mean`
 (admitted concurrency), `kv_util_mean`, preemptions and throughput show the difference; both runs must generate the
 same tokens (the window is a property of attention, not of eviction). About a minute on 2 CPU cores.
-Every field not set here is compare_cpu.py's (see the comments there).
+Every field not set here is base.py's (see the comments there).
 """
 
 from cbjax.bench.config_files import sibling_config
 
 
 def get_config():
-    c = sibling_config(__file__, "compare_cpu.py")
+    c = sibling_config(__file__, "base.py")
     c.model = "mistral-tiny"  # sliding window 128 (cbjax/model/config.py)
     c.run_name = "sliding_window"  # results/sliding_window/
     c.policies = ("evict", "keep")

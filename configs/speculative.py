@@ -7,7 +7,7 @@ draft model; from measured acceptance and step cost), on tinypy completing held-
 
 The workload file holds 96 code prompts of 160 tokens from the held-out standard-library files, 64 tokens each
 (python -m experiments.speculative --write_workload=docs/data/spec_code_prompts.jsonl); Poisson arrivals.
-Every field not set here is compare_cpu.py's (see the comments there).
+Every field not set here is base.py's (see the comments there).
 """
 
 import os
@@ -20,7 +20,7 @@ _DRAFT = dict(method="draft", num_speculative_tokens=4, draft_model="tinypy-draf
 
 
 def get_config():
-    c = sibling_config(__file__, "compare_cpu.py")
+    c = sibling_config(__file__, "base.py")
     c.run_name = "speculative"  # results/speculative/
     c.model = "tinypy"  # the packaged code model (its tokenizer made the workload's ids)
     c.policies = ("fcfs", "fcfs_ngram", "fcfs_draft", "fcfs_adaptive", "fcfs_draft_adaptive", "fcfs_measured")

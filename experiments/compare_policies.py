@@ -25,6 +25,7 @@ from typing import Any
 from absl import app, logging
 from ml_collections import config_flags
 
+from cbjax.bench.capacity import check_load
 from cbjax.bench.comparison_table import INTERVAL_METRICS, format_table, interval_table, outputs_line, ratio_line
 from cbjax.bench.ctrl_c import CtrlC
 
@@ -152,6 +153,16 @@ def resolve_config(cfg):
             EngineConfig.from_options({k: v for k, v in options.items() if k not in DATA_PARALLEL_OPTIONS})
         except ValueError as e:
             raise ValueError(f"config.engine (entry {name!r}): {e}") from None
+    load = load_of(cfg)
+    if load is not None:
+        entry_plan(cfg, capacity_policy(cfg))  # an unknown reference policy fails here, before any compile
+        if cfg.workload.get("request_rate") is not None:
+            logging.warning(
+                "workload.load=%s sets the arrival rate: workload.request_rate=%s is not used "
+                "(--config.workload.load=0 to use it)",
+                load,
+                cfg.workload.request_rate,
+            )
     if cfg.workload.vocab_size is None:
         cfg.workload.vocab_size = model_config.vocab_size
     if cfg.workload.max_model_len is None and cfg.engine.max_model_len is not None:
@@ -172,11 +183,78 @@ def check_data_parallel(options: dict) -> None:
 
 def prepare_run(cfg):
     """The resolved config and its workload: everything checked (a ValueError naming the problem) before the run
-    writes a file or builds an engine."""
+    writes a file or builds an engine. With workload.load the workload's requests are returned all at t=0: their
+    arrival rate waits on the capacity `apply_load` measures."""
     from cbjax.bench.workload import make_workload
 
     cfg = resolve_config(cfg)
-    return cfg, make_workload(cfg.workload)
+    return cfg, make_workload(workload_config(cfg, offline=load_of(cfg) is not None))
+
+
+def workload_config(cfg, *, seed_offset: int = 0, offline: bool = False):
+    """The fields of cbjax.bench.workload.make_workload from config.workload: its seed moved by `seed_offset`,
+    without `load` (that is the harness's, resolved into request_rate by `apply_load`); `offline`: all at t=0."""
+    w = cfg.workload.copy_and_resolve_references()
+    with w.unlocked():
+        w.seed = cfg.workload.seed + seed_offset
+        if "load" in w:
+            del w["load"]
+        if offline:
+            w.arrival, w.request_rate = "offline", None
+    return w
+
+
+def load_of(cfg) -> float | None:
+    """config.workload.load, checked; None when the workload's request_rate is absolute (load None or 0)."""
+    return check_load(cfg.workload.get("load"), cfg.workload.get("arrival"))
+
+
+def capacity_policy(cfg) -> str:
+    """The entry whose offline capacity a workload.load is relative to (config.capacity.policy, default fcfs)."""
+    return (cfg.get("capacity") or {}).get("policy", "fcfs")
+
+
+def measure_capacity(cfg, requests, *, progress: bool = True):
+    """The reference policy's capacity (cbjax.bench.capacity.Capacity): `requests` all queued at t=0, on a fresh
+    engine of the comparison's options, config.capacity.runs times (default 1), the same clock as the comparison."""
+    from tqdm import tqdm
+
+    from cbjax.bench.capacity import capacity_of, offline
+    from cbjax.bench.metrics import summarize
+    from cbjax.bench.online import run_online
+    from cbjax.core.clock import RealClock, VirtualClock
+
+    name = capacity_policy(cfg)
+    plan, options = engine_options(cfg, name)
+    step_cost_s = cfg.step_cost_ms / 1e3 if cfg.step_cost_ms > 0 else None
+    queued = offline(requests)
+    summaries = []
+    for _ in range(int((cfg.get("capacity") or {}).get("runs", 1))):
+        engine = build_engine(cfg.model, VirtualClock() if cfg.clock == "virtual" else RealClock(), options)
+        bar = tqdm(total=len(queued), desc=f"capacity {name}", unit="req", disable=not progress, file=sys.stderr)
+        res = run_online(engine, queued, client=plan.client, step_cost_s=step_cost_s,
+                         on_step=lambda p, bar=bar: bar.update(p.num_finished - bar.n))  # fmt: skip
+        bar.close()
+        del engine  # free its KV cache before the next engine is built
+        if res.interrupted:  # Ctrl-C while measuring: no capacity, so no comparison either
+            raise KeyboardInterrupt
+        summaries.append(summarize(res.requests, res.steps))
+    return capacity_of(name, summaries, len(queued))
+
+
+def apply_load(cfg, requests, *, progress: bool = True):
+    """With config.workload.load: measure the reference policy's capacity on `requests` and set the workload's
+    request_rate to load x capacity. Returns (config, the workload to run, Capacity or None)."""
+    from cbjax.bench.workload import make_workload
+
+    load = load_of(cfg)
+    if load is None:
+        return cfg, requests, None
+    capacity = measure_capacity(cfg, requests, progress=progress)
+    cfg = cfg.copy_and_resolve_references()
+    cfg.workload.request_rate = capacity.rate_at(load)
+    cfg.workload.load = 0.0  # applied: the rate is now absolute
+    return cfg, make_workload(workload_config(cfg)), capacity
 
 
 @dataclasses.dataclass
@@ -187,6 +265,12 @@ class Comparison:
     interrupted: bool = False
     # policy -> its OnlineResult of every repeat, in repeat order (config.repeats; the first is results[policy])
     repeats: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
+    capacity: Any = None  # cbjax.bench.capacity.Capacity the workload's rate was set from (config.workload.load)
+    load: float | None = None
+
+    def load_line(self) -> str | None:
+        """The load, the capacity it is relative to and the resulting rate; None for an absolute rate."""
+        return None if self.capacity is None else self.capacity.header(self.load)
 
     @property
     def num_repeats(self) -> int:
@@ -264,25 +348,26 @@ def _run_entry(cfg, comp: Comparison, name: str, rep: int, workload, step_cost_s
     return True
 
 
-def _seeded(cfg, offset: int):
-    """The workload config with its seed moved by `offset` (the config's own seed for 0)."""
-    w = cfg.workload.copy_and_resolve_references()
-    w.seed = cfg.workload.seed + offset
-    return w
-
-
 def run_comparison(cfg, *, workload=None, progress: bool = True, on_step: Callable | None = None) -> Comparison:
     """Run every policy of the (resolved) config on the same workload (None: the config's). Ctrl-C ends it early
     with what was measured.
 
     `on_step(policy, Progress)` is called after every engine step (tests use it to inject an interrupt).
     With config.repeats > 1 every policy runs that many times, interleaved, on each of config.seeds workload seeds
-    (see `comp.repeats`: run i of every policy had the same workload)."""
+    (see `comp.repeats`: run i of every policy had the same workload). With config.workload.load the capacity is
+    measured first (`apply_load`) and `workload`, if given, holds the requests (their arrival times unused)."""
     from cbjax.bench.workload import make_workload
 
+    capacity, load = None, load_of(cfg)
+    if load is not None:
+        requests = workload if workload is not None else make_workload(workload_config(cfg, offline=True))
+        cfg, workload, capacity = apply_load(cfg, requests, progress=progress)
     seeds = cfg.get("seeds", 1)
-    workloads = [workload if workload is not None and s == 0 else make_workload(_seeded(cfg, s)) for s in range(seeds)]
-    comp = Comparison({}, {}, len(workloads[0]))
+    workloads = [
+        workload if workload is not None and s == 0 else make_workload(workload_config(cfg, seed_offset=s))
+        for s in range(seeds)
+    ]
+    comp = Comparison({}, {}, len(workloads[0]), capacity=capacity, load=load)
     step_cost_s = cfg.step_cost_ms / 1e3 if cfg.step_cost_ms > 0 else None  # None: measured
     with CtrlC("stopping at the next step, then writing what was measured") as ctrl_c:
         try:
@@ -355,6 +440,8 @@ def write_results(comp: Comparison, summaries, folder: str, start_time: datetime
                 "num_requests": comp.num_requests,
                 "policies_run": list(comp.results),
                 "repeats": comp.num_repeats,  # runs of every policy (repeats x seeds, run i on seed i % seeds)
+                # workload.load: the reference policy's offline capacity measured before the runs, and the rate
+                "load": None if comp.capacity is None else comp.capacity.to_dict(comp.load),
             },
         ),
     )
@@ -405,6 +492,8 @@ def main(argv):
     with CtrlC("writing what was measured first"):
         summaries = summaries_of(cfg, comp)
         print()
+        if comp.load_line() is not None:
+            print(comp.load_line())
         print(format_table(summaries))
         for line in (interval_table(summaries, cfg.get("baseline")), ratio_line(summaries), outputs_line(summaries)):
             if line is not None:

@@ -41,7 +41,7 @@ def sweep(cfg, rates: list[float]) -> list[dict]:
     rows = []
     for rate in rates:
         cfg.workload.request_rate = rate
-        comp = cp.run_comparison(cfg, workload=make_workload(cfg.workload), progress=False)
+        comp = cp.run_comparison(cfg, workload=make_workload(cp.workload_config(cfg)), progress=False)
         for policy, s in cp.summaries_of(cfg, comp).items():
             rows.append({"rate": rate, "policy": policy, **{k: s.get(k) for k in KEYS}, "wall_s": s["wall_s"]})
             print(f"rate {rate:g}/s {policy:>10}: " + "  ".join(f"{k}={s.get(k):.4g}" for k in KEYS[:7]), flush=True)
@@ -56,6 +56,8 @@ def main(argv):
         cfg = cp.load_config()
         rates = rates_of(cfg)
         cfg, _ = cp.prepare_run(cfg)
+        if cp.load_of(cfg) is not None:
+            raise ValueError("the sweep sets absolute rates (config.sweep.rates): give workload.load=0")
     except ValueError as e:
         sys.exit(f"sim_sweep: {e}")
     folder = results.run_dir(cfg.output_dir, cfg.run_name, overwrite=cfg.get("overwrite", False))

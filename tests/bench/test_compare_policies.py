@@ -82,6 +82,8 @@ def test_end_to_end_in_a_subprocess(tmp_path):
     ratio = by_policy["fcfs"]["output_throughput"] / by_policy["static"]["output_throughput"]
     assert by_policy["fcfs"]["output_throughput_vs_static"] == pytest.approx(ratio)
     assert f"output throughput: {ratio:.2f}x" in proc.stdout
+    ttft = by_policy["static"]["ttft_ms_p50"] / by_policy["fcfs"]["ttft_ms_p50"]
+    assert f"TTFT p50 {ttft:.1f}x lower" in proc.stdout
     csv_lines = (folder / "summary.csv").read_text().splitlines()
     assert csv_lines[0].startswith("policy,") and len(csv_lines) == 4
 

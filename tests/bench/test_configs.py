@@ -14,7 +14,7 @@ from cbjax.bench.workload import make_workload
 from cbjax.core.policy_zoo import POLICIES
 from cbjax.engine import EngineConfig
 from cbjax.model.config import get_model_config
-from experiments.compare_policies import DATA_PARALLEL_OPTIONS, resolve_config
+from experiments.compare_policies import DATA_PARALLEL_OPTIONS, load_of, resolve_config, workload_config
 from tests.helpers import ROOT
 from tests.helpers import parse_config as parse
 
@@ -24,7 +24,15 @@ CONFIGS = sorted(
     + glob.glob(os.path.join(ROOT, "configs", "sim_*.py"))
     + [
         os.path.join(ROOT, "configs", f)
-        for f in ("policy_zoo.py", "prefix_cache.py", "preemption.py", "sliding_window.py", "routers.py", "kv_int8.py")
+        for f in (
+            "base.py",
+            "policy_zoo.py",
+            "prefix_cache.py",
+            "preemption.py",
+            "sliding_window.py",
+            "routers.py",
+            "kv_int8.py",
+        )
     ]
 )
 ENGINE_FIELDS = set(EngineConfig.option_defaults())
@@ -50,7 +58,8 @@ def test_config_fields_are_real(path):
     assert set(cfg.slo) == set(SLO_KEYS)
     assert set(cfg.time_window) == {"window_ms", "max_batch"}
     get_model_config(cfg.model)
-    wl = make_workload(cfg.workload)  # make_workload rejects unknown fields, so this checks the names too
+    # make_workload rejects unknown fields, so this checks the names too (a load's rate waits on a measured capacity)
+    wl = make_workload(workload_config(cfg, offline=load_of(cfg) is not None))
     assert len(wl) == cfg.workload.num_requests
     assert max(r.prompt_len + r.max_tokens for r in wl) <= cfg.engine.max_model_len
     assert max(max(r.prompt_token_ids) for r in wl) < get_model_config(cfg.model).vocab_size
@@ -61,6 +70,7 @@ def test_command_line_overrides_take_effect():
         [
             f"--config={ROOT}/configs/compare_cpu.py",
             "--config.engine.max_num_seqs=7",
+            "--config.workload.load=0",  # the main job's load off: its rate absolute
             "--config.workload.request_rate=3.5",
             "--config.slo.e2e_ms=5000",
             "--config.policies=fcfs,static",
@@ -68,6 +78,7 @@ def test_command_line_overrides_take_effect():
         ]
     )
     assert cfg.engine.max_num_seqs == 7 and cfg.workload.request_rate == 3.5 and cfg.slo.e2e_ms == 5000.0
+    assert load_of(cfg) is None
     assert cfg.run_name == "x"
     assert resolve_config(cfg).policies == ("fcfs", "static")  # a comma-separated entry is split
 

@@ -22,6 +22,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.step_cost_ms = 0.0  # virtual clock: fixed cost of every step; 0: each step's measured wall time
 
     c.horizon_s = config_dict.placeholder(float)  # end each run here (s); unfinished requests count as not completed
+    # Or end each run this long after the workload's last arrival (s): the same share of the run on any machine when
+    # a load sets the arrival span. With horizon_s too, the earlier of the two.
+    c.horizon_after_last_arrival_s = config_dict.placeholder(float)
     # Runs of every policy, interleaved (repeat r starts r entries later). > 1: the table's metrics become medians over
     # the repeats with 95% bootstrap intervals (cbjax/bench/intervals.py), and every repeat's records are written.
     # (On the simulator a repeat is an exact copy: give it `seeds` instead.)

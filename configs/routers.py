@@ -7,7 +7,8 @@ The shared-prefix workload of prefix_cache.py (8 system prompts of 384 tokens, s
 prefix affinity sends prompts that start alike to the same replica, so each replica caches fewer distinct prefixes
 and hits more. The table's `hit rate` shows it; every entry must generate the same tokens. On one CPU the replicas
 share the device and its cores (the virtual clock adds their step times): the comparison is of routing decisions
-(hit rate, recomputed prefill, load balance), not of parallel speed. Every field not set here is compare_cpu.py's.
+(hit rate, recomputed prefill, load balance), not of parallel speed. Every field not set here is prefix_cache.py's,
+then base.py's.
 """
 
 from cbjax.bench.config_files import sibling_config

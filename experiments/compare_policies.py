@@ -130,8 +130,9 @@ def resolve_config(cfg):
     if unused:
         raise ValueError(f"config.policy_options names policies not in config.policies: {unused}")
     cfg.policies = tuple(names)
-    if cfg.get("horizon_s") is not None and not cfg.horizon_s > 0:
-        raise ValueError(f"config.horizon_s must be > 0 or None, got {cfg.horizon_s}")
+    for field in ("horizon_s", "horizon_after_last_arrival_s"):
+        if cfg.get(field) is not None and not cfg[field] > 0:
+            raise ValueError(f"config.{field} must be > 0 or None, got {cfg[field]}")
     if cfg.clock not in ("real", "virtual"):
         raise ValueError(f"config.clock must be 'real' or 'virtual', got {cfg.clock!r}")
     if cfg.step_cost_ms < 0 or (cfg.step_cost_ms > 0 and cfg.clock != "virtual"):
@@ -336,7 +337,12 @@ def _run_entry(cfg, comp: Comparison, name: str, rep: int, workload, step_cost_s
             raise KeyboardInterrupt  # run_online ends the run here, keeping what it measured
 
     result = run_online(
-        engine, workload, client=plan.client, step_cost_s=step_cost_s, on_step=step_done, horizon_s=cfg.get("horizon_s")
+        engine,
+        workload,
+        client=plan.client,
+        step_cost_s=step_cost_s,
+        on_step=step_done,
+        horizon_s=horizon_of(cfg, workload),
     )
     bar.close()
     comp.results.setdefault(name, result)
@@ -346,6 +352,17 @@ def _run_entry(cfg, comp: Comparison, name: str, rep: int, workload, step_cost_s
         comp.interrupted = True
         return False
     return True
+
+
+def horizon_of(cfg, workload) -> float | None:
+    """When each run ends (s from the start): config.horizon_s, or config.horizon_after_last_arrival_s after the
+    workload's last arrival (a load sets the arrival span, so a fixed horizon would cut a different share of the
+    run on another machine), the earlier of the two when both are set; None: when every request has finished."""
+    ends = [cfg.get("horizon_s")]
+    if cfg.get("horizon_after_last_arrival_s") is not None and workload:
+        ends.append(max(r.arrival_time for r in workload) + cfg.horizon_after_last_arrival_s)
+    ends = [e for e in ends if e is not None]
+    return min(ends) if ends else None
 
 
 def run_comparison(cfg, *, workload=None, progress: bool = True, on_step: Callable | None = None) -> Comparison:

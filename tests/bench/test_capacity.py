@@ -90,3 +90,16 @@ def test_the_harness_sets_the_rate_from_the_capacity_it_measured(runner, tmp_pat
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["load"]["load"] == 0.5 and manifest["load"]["request_rate"] == pytest.approx(rate)
     assert manifest["load"]["capacity_request_rate"] == cap.request_rate
+
+
+def test_a_horizon_can_follow_the_last_arrival():
+    # A load sets the arrival span, so the zoo ends its runs relative to the last arrival.
+    wl = [WorkloadRequest("a", 0.0, (5,), 1), WorkloadRequest("b", 7.5, (6,), 1)]
+    cfg = parse([f"--config={TINY}"])
+    assert cp.horizon_of(cfg, wl) is None
+    cfg = parse([f"--config={TINY}", "--config.horizon_after_last_arrival_s=2"])
+    assert cp.horizon_of(cfg, wl) == 9.5
+    cfg = parse([f"--config={TINY}", "--config.horizon_after_last_arrival_s=2", "--config.horizon_s=9"])
+    assert cp.horizon_of(cfg, wl) == 9.0  # the earlier of the two
+    with pytest.raises(ValueError, match="horizon_after_last_arrival_s"):
+        cp.resolve_config(parse([f"--config={TINY}", "--config.horizon_after_last_arrival_s=-1"]))

@@ -116,6 +116,25 @@ def engine_options(wl: list) -> dict:
     return opts
 
 
+def request_latency_ms(outs) -> dict:
+    """TTFT and TPOT percentiles in ms ({ttft,tpot}_ms_{p50,p90,p99}) of a run's outputs, vLLM's definitions:
+    TTFT from arrival (queueing included) to the first token, TPOT = (E2E - TTFT) / (output tokens - 1)."""
+    from cbjax.bench.metrics import percentiles
+
+    ttft, tpot = [], []
+    for o in outs:
+        m, n = o.metrics, len(o.outputs[0].token_ids)
+        ttft.append(m.first_token_time - m.arrival_time)
+        if n > 1:
+            tpot.append((m.finished_time - m.first_token_time) / (n - 1))
+    out = {}
+    for name, values in (("ttft", ttft), ("tpot", tpot)):
+        for p, v in percentiles(values).items():
+            if p.startswith("p"):
+                out[f"{name}_ms_{p}"] = round(1e3 * v, 3)
+    return out
+
+
 def main(argv):
     del argv
     from cbjax import LLM
@@ -149,6 +168,7 @@ def main(argv):
         if recorded is not None:
             replays.append(replay_steps(engine.runner, recorded))
     got = sum(len(o.outputs[0].token_ids) for o in outs)
+    latency = request_latency_ms(outs)
     wall = statistics.median(walls)
     host = [s["host_s"] for s in steps]
     dev = [s["device_s"] for s in steps]
@@ -176,6 +196,7 @@ def main(argv):
         "preemptions": sum(s["num_preemptions"] for s in steps),
         "compiles_warmup": compiles_before,
         "compiles_after_warmup": engine.num_compiles - compiles_before,
+        **latency,  # the last run's TTFT / TPOT (offline: all arrive at the start)
         **{k: v for k, v in engine.config.options().items() if k in opts or k in ("num_pages", "num_scheduler_steps")},
         "cpu": cpu_model(),
     }

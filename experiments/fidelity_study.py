@@ -313,7 +313,11 @@ def define_flags() -> None:
 
     today = datetime.date.today().isoformat()
     flags.DEFINE_string("profile", None, "cost-model profile (JSON, experiments/calibrate.py)")
-    flags.DEFINE_integer("repeats", 5, "rounds of real runs per workload (every policy once per round; 3 leaves ~1 in 4 inseparable pairs looking separable)")
+    flags.DEFINE_integer(
+        "repeats",
+        5,
+        "real rounds per workload, every policy once per round (3 leave ~1 in 4 inseparable pairs looking separable)",
+    )
     flags.DEFINE_float("scale", 1.0, "multiplies the workload's number of requests")
     flags.DEFINE_string("model", "llama-tiny", "the model the profile was calibrated for")
     flags.DEFINE_list("policies", list(POLICIES), "policies compared (must include fcfs, the capacity's reference)")

@@ -278,7 +278,7 @@ def report(study: dict) -> str:
     return "\n\n".join([step_table(study), metric_table(study), ranking_table(study), "\n".join(verdict_lines(study))])
 
 
-def study_command(profile: str, *, output: str, repeats: int = 3, scale: float = 1.0, model: str = "llama-tiny",
+def study_command(profile: str, *, output: str, repeats: int = 5, scale: float = 1.0, model: str = "llama-tiny",
                   policies=POLICIES, workload: dict = WORKLOAD, engine: dict | None = None,
                   steps_output: str | None = None, argv=None) -> dict:  # fmt: skip
     """Run the study, write its JSON with provenance to `output`, print the tables from the written file.
@@ -336,8 +336,9 @@ def main(argv) -> None:
         return
     if not f.profile:
         raise app.UsageError("--profile is required (or --report)")
+    del argv  # absl has taken the flags out of it; the record needs the whole command line
     study_command(f.profile, output=f.output, repeats=f.repeats, scale=f.scale, model=f.model,
-                  policies=f.policies, steps_output=f.steps_output, argv=argv)  # fmt: skip
+                  policies=f.policies, steps_output=f.steps_output, argv=sys.argv)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -10,8 +10,10 @@ fields.py       reading and checking config fields
 online.py       the online loop: requests join a running engine as the clock reaches them
 metrics.py      vLLM's serving metrics (TTFT, TPOT, ITL, E2E, goodput) and per-step engine metrics
 intervals.py    medians over repeated runs with bootstrap intervals, paired ratios, significance
+capacity.py     load stated relative to capacity: a reference policy's offline capacity, the rate of a load
 comparison_table.py  the policy comparison's printed tables
 results.py      the results folder: config, manifest, summaries, records
+doc_data.py     the data files docs/ tables are generated from (command, commit, CPU, date, every run)
 plots.py        throughput, latency CDFs, utilisation (matplotlib, imported on use)
 config_files.py loading sibling ml_collections config files
 ctrl_c.py       Ctrl-C that ends a run at the next step, keeping what was measured

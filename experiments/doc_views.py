@@ -1,0 +1,271 @@
+"""The views of the docs' generated tables: each turns a data file (cbjax/bench/doc_data.py) into Markdown. A
+marker in the docs names a view and passes its parameters (experiments/doc_tables.py). Views compute every median,
+interval and ratio from the raw runs, so a table can say no more than its runs do.
+
+  rows            one row per run, or per element of a list inside each run
+  medians         per group of runs: each column's median with its 95% interval (bootstrap over the runs,
+                  cbjax/bench/intervals.py), and optionally each group's paired ratio to a baseline group
+  ab              two sides of one comparison (cbjax and vLLM, engine A and engine B) side by side, with their
+                  paired ratio per round and its interval
+  fidelity_study  the simulator-fidelity study's tables (experiments/fidelity_study.report; its runs sit under
+                  each workload)
+
+Parameters shared by the tabular views:
+  rows     the key of a list inside each run whose elements are the records, each merged with its run's own
+           fields (a run of a policy comparison holds one summary per policy: rows="policies")
+  where    {key: value}: only the records that match every pair
+  columns  each a key (dots reach into nested objects: "load.request_rate") or {"key", "header", "format"};
+           a key of LABELS takes its header and format from there
+Records without a `run` field are numbered by their run's position (1, 2, ...), which `pair` can then use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from cbjax.bench.comparison_table import COLUMNS
+from cbjax.bench.intervals import Interval, format_interval, median_interval, paired_ratio_interval, significant
+
+# key -> (header, format): the comparison table's columns, and the other keys data files record.
+LABELS: dict[str, tuple[str, str]] = {key: (header, fmt) for header, key, fmt in COLUMNS}
+LABELS.update({
+    "e2e_ms_p50": ("E2E p50", "{:.0f}"),
+    "output_tok_per_s": ("out tok/s", "{:.1f}"),
+    "output_throughput_vs_static": ("out tok/s vs static", "{:.2f}x"),
+    "load.load": ("load", "{:.2f}"),
+    "load.capacity_request_rate": ("capacity req/s", "{:.1f}"),
+    "load.request_rate": ("rate req/s", "{:.1f}"),
+})  # fmt: skip
+
+VIEWS: dict[str, Callable[..., str]] = {}
+
+
+def view(name: str):
+    """Register a view: a function (data, **params) -> Markdown."""
+
+    def register(fn):
+        VIEWS[name] = fn
+        return fn
+
+    return register
+
+
+# ---- records and cells ----
+
+
+def lookup(record: Mapping[str, Any], key: str) -> Any:
+    """record[key], with dots reaching into nested objects; None where any part is missing."""
+    value: Any = record
+    for part in key.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def records(data: Mapping[str, Any], rows: str | None = None, where: Mapping[str, Any] | None = None) -> list[dict]:
+    """The data file's runs as flat records (see the module docstring for `rows` and `where`)."""
+    runs = data.get("runs")
+    if not isinstance(runs, list):
+        raise ValueError("this view reads the data file's `runs` list, and the file has none")
+    out = []
+    for i, run in enumerate(runs):
+        base = {"run": i + 1, **run}
+        if rows is None:
+            items = [base]
+        else:
+            inner = lookup(run, rows)
+            if not isinstance(inner, list):
+                raise ValueError(f"run {i + 1}: `{rows}` is not a list")
+            items = [{**base, **x} for x in inner]
+        out += [r for r in items if all(lookup(r, k) == v for k, v in (where or {}).items())]
+    return out
+
+
+def _num(x: Any) -> float:
+    try:
+        return math.nan if x is None or isinstance(x, bool) else float(x)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def cell(value: Any, fmt: str = "{}") -> str:
+    """One table cell: '-' for a missing value or NaN; numbers through `fmt`; '|' escaped for Markdown."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            text = fmt.format(round(value) if "d}" in fmt else value)
+        except (ValueError, TypeError, OverflowError):  # a format that does not fit the value: show it plainly
+            text = str(value)
+    else:
+        text = str(value)
+    return text.replace("|", "\\|")
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    key: str
+    header: str
+    fmt: str
+
+    def interval(self, iv: Interval) -> str:
+        """'median [low, high]' in this column's format (an integer format shows rounded medians)."""
+        fmt = self.fmt.replace("{:d}", "{:.0f}")
+        return "-" if math.isnan(iv.median) else format_interval(iv, fmt).replace("|", "\\|")
+
+
+def column(spec: str | Mapping[str, str]) -> Column:
+    """A column from a key (LABELS gives its header and format, else the key itself and plain formatting) or from
+    {"key", "header", "format"}."""
+    if isinstance(spec, str):
+        header, fmt = LABELS.get(spec, (spec, "{}"))
+        return Column(spec, header, fmt)
+    unknown = set(spec) - {"key", "header", "format"}
+    if "key" not in spec or unknown:
+        raise ValueError(f"a column is a key or {{key, header, format}}, got {dict(spec)}")
+    header, fmt = LABELS.get(spec["key"], (spec["key"], "{}"))
+    return Column(spec["key"], spec.get("header", header), spec.get("format", fmt))
+
+
+def markdown_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body])
+
+
+def _groups(recs: Sequence[dict], by: Sequence[str]) -> dict[tuple, list[dict]]:
+    """Records grouped by their values of `by`, groups in the order first seen."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in recs:
+        groups.setdefault(tuple(lookup(r, k) for k in by), []).append(r)
+    return groups
+
+
+def _paired(group: Sequence[dict], base: Sequence[dict], key: str, pair: str) -> tuple[list[float], list[float]]:
+    """The values of `key` in `group` and `base` for each value of `pair` both have (in `group`'s order)."""
+    by_pair = {lookup(r, pair): r for r in base}
+    both = [(r, by_pair[lookup(r, pair)]) for r in group if lookup(r, pair) in by_pair]
+    return [_num(lookup(a, key)) for a, _ in both], [_num(lookup(b, key)) for _, b in both]
+
+
+def _ratio_cell(ratio: Interval) -> str:
+    """'1.80x [1.58, 1.82] *': the median ratio, its interval when known, * where the interval excludes 1."""
+    if math.isnan(ratio.median):
+        return "-"
+    text = f"{_ratio(ratio.median)}x"
+    if ratio.known:
+        text += f" [{_ratio(ratio.low)}, {_ratio(ratio.high)}]"
+    return text + (" *" if significant(ratio) else "")
+
+
+def _ratio(x: float) -> str:
+    """Two decimals, or two significant digits below 0.1 (a TTFT 200x lower is 0.005, not 0.00)."""
+    return f"{x:.2f}" if abs(x) >= 0.1 or x == 0 else f"{x:.2g}"
+
+
+# ---- the views ----
+
+
+@view("rows")
+def rows_view(data, columns: Sequence, rows: str | None = None, where: Mapping | None = None) -> str:
+    """One row per record, the given columns."""
+    cols = [column(c) for c in columns]
+    recs = records(data, rows, where)
+    return markdown_table([c.header for c in cols], [[cell(lookup(r, c.key), c.fmt) for c in cols] for r in recs])
+
+
+@view("medians")
+def medians_view(
+    data,
+    by: Sequence[str],
+    columns: Sequence,
+    rows: str | None = None,
+    where: Mapping | None = None,
+    baseline: Mapping | None = None,
+    ratios: Sequence[str] = (),
+    pair: str = "run",
+) -> str:
+    """Per group of records with equal values of `by`: each column's median over the group's runs and the 95%
+    interval of that median, and the number of runs. With `baseline` ({key: value} naming the baseline group
+    among the groups that share the other `by` values), each key of `ratios` adds the group's ratio to the
+    baseline: the median of the per-run ratios paired by `pair` (runs of the same sitting share its drift), with
+    its interval, starred where the interval excludes 1."""
+    cols = [column(c) for c in columns]
+    ratio_cols = [column(k) for k in ratios]
+    if ratio_cols and not baseline:
+        raise ValueError("ratios need a baseline ({key: value})")
+    groups = _groups(records(data, rows, where), by)
+    base_name = "/".join(str(v) for v in (baseline or {}).values())
+    header = [*(column(k).header for k in by), *(c.header for c in cols)]
+    header += [f"{c.header} vs {base_name}" for c in ratio_cols] + ["runs"]
+    body = []
+    for key, group in groups.items():
+        row = [cell(v) for v in key]
+        row += [c.interval(median_interval([_num(lookup(r, c.key)) for r in group])) for c in cols]
+        base_key = tuple((baseline or {}).get(k, v) for k, v in zip(by, key))
+        for c in ratio_cols:
+            if base_key == key or base_key not in groups:
+                row.append("-")
+                continue
+            values, base = _paired(group, groups[base_key], c.key, pair)
+            row.append(_ratio_cell(paired_ratio_interval(values, base)))
+        body.append([*row, str(len(group))])
+    caption = "Medians over the runs [95% bootstrap interval of the median]"
+    if ratio_cols:
+        caption += (
+            f"; vs {base_name}: the median of the per-{pair} ratios (the group's value / {base_name}'s) [interval], "
+            "* where the interval excludes 1"
+        )
+    return caption + ".\n\n" + markdown_table(header, body)
+
+
+@view("ab")
+def ab_view(
+    data,
+    by: Sequence[str],
+    side: str,
+    a: str,
+    b: str,
+    value: str,
+    pair: str = "round",
+    rows: str | None = None,
+    where: Mapping | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> str:
+    """Per group of `by`: side `a`'s and side `b`'s `value` (median [interval] and every run's value, in pair
+    order), the ratio a / b paired by `pair` (median [interval], * where the interval excludes 1) and each pair's
+    ratio."""
+    labels = dict(labels or {})
+    v = column(value)
+    name_a, name_b = labels.get(a, a), labels.get(b, b)
+    groups = _groups(records(data, rows, where), by)
+    header = [*(column(k).header for k in by), f"{name_a} {v.header} (runs)", f"{name_b} {v.header} (runs)"]
+    header += [f"{name_a} / {name_b}", f"per {pair}"]
+    body = []
+    for key, group in groups.items():
+        side_a = [r for r in group if lookup(r, side) == a]
+        side_b = [r for r in group if lookup(r, side) == b]
+        cells = []
+        for recs in (side_a, side_b):
+            values = [_num(lookup(r, v.key)) for r in recs]
+            runs = ", ".join(cell(x, v.fmt) for x in values)
+            cells.append(f"{v.interval(median_interval(values))} ({runs})")
+        va, vb = _paired(side_a, side_b, v.key, pair)
+        per_pair = ", ".join(_ratio(x / y) if y and math.isfinite(x / y) else "-" for x, y in zip(va, vb))
+        body.append([*(cell(k) for k in key), *cells, _ratio_cell(paired_ratio_interval(va, vb)), per_pair or "-"])
+    caption = (
+        f"Medians over the runs [95% bootstrap interval of the median] (every run); {name_a} / {name_b}: the "
+        f"median of the per-{pair} ratios [interval], * where the interval excludes 1"
+    )
+    return caption + ".\n\n" + markdown_table(header, body)
+
+
+@view("fidelity_study")
+def fidelity_study_view(data) -> str:
+    """The tables and verdicts of `python -m experiments.fidelity_study --report FILE`."""
+    from experiments import fidelity_study
+
+    return fidelity_study.report(data)

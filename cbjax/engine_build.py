@@ -7,6 +7,7 @@ that the order is visible and each piece can be built alone (tests, tools).
 import dataclasses
 import os
 
+from cbjax import sim_calibration
 from cbjax.core.clock import Clock, RealClock, VirtualClock
 from cbjax.core.runner_contract import Runner
 from cbjax.core.scheduler import Scheduler
@@ -51,7 +52,8 @@ def build_engine(model, config: EngineConfig, *, clock=None, device=None, cost_m
         clock = VirtualClock() if clock is None else clock
         cache_dir, built = None, None
         mcfg, tokenizer = model_shapes(model, config)
-        cost_model = engine_cost_model(config, mcfg, cost_model)
+        # sim_profile="auto" calibrates on the real engine when this machine has no cached profile for the setup.
+        cost_model = engine_cost_model(config, mcfg, cost_model, calibrate=sim_calibration.calibrate)
     else:
         if cost_model is not None:
             raise ValueError("cost_model is for runner='sim' only")

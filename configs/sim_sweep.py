@@ -3,8 +3,10 @@ the classic curves (TTFT, TPOT and E2E percentiles against the offered rate).
 
   python -m experiments.sim_sweep --config=configs/sim_sweep.py [--config.sweep.rates=10,20,40 ...]
 
-Every field not set here is sim_zoo.py's (the calibrated llama-tiny profile), then policy_zoo.py's and
-compare_cpu.py's.
+Every field not set here is sim_zoo.py's (the committed llama-tiny profile, or --config.sim.profile=auto), then
+policy_zoo.py's and base.py's. The rates were chosen on the profile of 2026-12-01, on which fcfs saturated at
+~25 req/s; on the one recalibrated on 2026-12-04 it sustains about twice that, so only the top rate passes it
+(docs/sim.md marks the sweep's figures stale until the rates are chosen again).
 """
 
 import ml_collections

@@ -3,22 +3,21 @@ record every step's features and measured time, fit cbjax.sim.CalibratedCost, wr
 
   python -m experiments.calibrate --model llama-tiny [--output configs/profiles/llama-tiny-cpu.json]
 
-A step's time is what cbjax.bench.online moves a virtual clock by for the real engine (the wall time of the
-engine's step call up to the fetch of its results), so the simulator advances its clock the same way. The sweep:
-  decode  N sequences (1 .. max_num_seqs) with contexts of C tokens (16 .. 512), 48 decode steps each
-  prefill prompts long enough to fill every token bucket (chunked under the budget), few output tokens
-  batch   full batches of random-length requests, all at once (many sequences decoding, prompts joining)
-  mixed   Poisson arrivals of random-length requests (prefill chunks and decodes in the same step)
-  swap    40 of those requests into a small KV pool with preemption by swap (the cost per byte copied)
-The engine options are compare_cpu.py's (override with flags); the profile records them with the model, the jax
-version, the machine, its load average and the date. Keep the machine otherwise idle while this runs, and
-validate (experiments/sim_fidelity.py) in the same sitting. About 2-4 minutes on 2 CPU cores.
+The sweep and the fit are cbjax/sim_calibration.py's (the same as the engine option sim_profile="auto", which
+calibrates and caches a profile per machine and setup by itself). The engine options are the zoo's shape (32 slots,
+a 256-token budget, 1024 pages of 16 tokens, 1024 tokens per sequence, float32; override with flags); the profile
+records them with the model, the jax version, the machine, its load average, the date and its origin (CPU, jax,
+the fingerprint of the step's code: cbjax/sim/provenance.py), so a simulation that loads it on another machine or
+tree says so. Keep the machine otherwise idle while this runs, and validate (experiments/fidelity_study.py) in the
+same sitting. 40-60 s on 2 quiet CPU cores with jax's compilation cache warm, 2-2.5 minutes cold or with other
+jobs on the cores (docs/sim.md, "Profiles").
 """
 
 import datetime
 import json
 import os
 import platform
+import time
 
 from absl import app, flags
 
@@ -72,13 +71,15 @@ def main(argv):
     import jax
 
     from cbjax.sim import save_profile
-    from experiments.calibration_sweep import calibrate
+    from cbjax.sim.provenance import origin
+    from cbjax.sim_calibration import calibrate
     from experiments.measured_steps import write_steps
 
     opts = engine_options()
     start = datetime.datetime.now().astimezone()
     load_before = list(os.getloadavg())
-    cal = calibrate(FLAGS.model, opts, seed=FLAGS.seed, scale=FLAGS.scale)
+    here, t0 = origin(), time.perf_counter()  # (the code as it was when the steps were measured)
+    cal = calibrate(FLAGS.model, opts, seed=FLAGS.seed, scale=FLAGS.scale, log=print)
     model, times, counts = cal.model, cal.times, cal.steps_per_sweep
     if FLAGS.steps_output:
         write_steps(FLAGS.steps_output, cal.groups())
@@ -88,6 +89,8 @@ def main(argv):
         swap_engine_options=cal.swap_engine_options,
         jax_version=jax.__version__,
         machine=machine(),
+        origin=here,
+        calibration_s=time.perf_counter() - t0,
         load_average_before=load_before,
         date=start.isoformat(timespec="seconds"),
         steps_per_sweep=counts,

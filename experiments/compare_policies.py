@@ -81,8 +81,9 @@ def engine_options(cfg, name: str):
 
 def _check_sim(cfg) -> None:
     """A simulated run: a virtual clock, its step times from exactly one of config.sim.profile (a readable
-    cost-model profile) and config.sim.accelerator."""
-    from cbjax.sim import load_profile
+    cost-model profile, or "auto": this machine's cached calibration, made by the first engine if there is none)
+    and config.sim.accelerator."""
+    from cbjax.sim import AUTO_PROFILE, load_profile
 
     if cfg.engine.get("runner", "model") != "sim":
         return
@@ -91,7 +92,7 @@ def _check_sim(cfg) -> None:
     sim = cfg.get("sim") or {}
     if (sim.get("profile") is None) == (sim.get("accelerator") is None):
         raise ValueError("config.engine.runner='sim' needs exactly one of config.sim.profile, config.sim.accelerator")
-    if sim.get("profile") is not None:
+    if sim.get("profile") not in (None, AUTO_PROFILE):
         load_profile(sim["profile"])  # readable, and a known kind of cost model
 
 

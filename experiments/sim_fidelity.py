@@ -268,7 +268,7 @@ def report(results: dict) -> str:
 
 def calibration_round(case: str, i: int):
     """The calibration sweep, now (never on a case's workload): round i of `case`'s calibration."""
-    from experiments.calibration_sweep import calibrate
+    from cbjax.sim_calibration import calibrate
 
     load = os.getloadavg()[0]
     cal = calibrate(FLAGS.model, dict(ENGINE), seed=FLAGS.calibration_seed, scale=FLAGS.calibration_scale,
@@ -286,20 +286,23 @@ def save_case_profile(case: str, cost) -> str:
     import datetime
 
     from cbjax.sim import save_profile
+    from cbjax.sim.provenance import origin
 
     path = os.path.join(os.path.dirname(os.path.abspath(FLAGS.output)), "sim_fidelity_profiles", f"{case}.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     meta = dict(model=FLAGS.model, engine_options=dict(ENGINE), fitted_for_case=case,
                 date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
                 load_average=list(os.getloadavg()), calibration_rounds=FLAGS.real_repeats,
-                calibration_scale=FLAGS.calibration_scale, calibration_seed=FLAGS.calibration_seed)  # fmt: skip
+                calibration_scale=FLAGS.calibration_scale, calibration_seed=FLAGS.calibration_seed,
+                origin=origin())  # fmt: skip
     save_profile(cost, path, meta)
     return path
 
 
 def main(argv):
     del argv
-    from cbjax.sim import CalibratedCost
+    from cbjax.sim import CalibratedCost, read_profile
+    from cbjax.sim.provenance import check_origin
     from experiments.measured_steps import write_steps
 
     if FLAGS.report:
@@ -312,6 +315,8 @@ def main(argv):
         raise app.UsageError(f"unknown cases {unknown}; known: {list(CASES)}")
     if FLAGS.recalibrate == (FLAGS.profile is not None):
         raise app.UsageError("give exactly one of --profile and --recalibrate")
+    if FLAGS.profile:  # a profile from another machine or tree measures the fit's age, not the simulator
+        check_origin(FLAGS.profile, read_profile(FLAGS.profile))
     if FLAGS.steps_output:
         os.makedirs(FLAGS.steps_output, exist_ok=True)
     load = list(os.getloadavg())

@@ -9,12 +9,15 @@ from cbjax.sim.roofline import ACCELERATORS
 # "model": the real model on this machine. "sim": the simulator (docs/sim.md): the same scheduler and policies, step
 # times from a cost model, a virtual clock, no weights and no compile.
 RUNNERS = ("model", "sim")
+# sim_profile="auto": a profile calibrated on this machine for this model and engine shape, cached and reused
+# (cbjax/sim/auto_profile.py); the first simulation of a setup runs the calibration sweep on the real engine.
+AUTO_PROFILE = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
 class SimConfig(Section):
     runner: str = "model"  # one of RUNNERS
-    sim_profile: str | None = None  # sim: a cost-model profile (JSON, e.g. from experiments/calibrate.py)
+    sim_profile: str | None = None  # sim: a cost-model profile (JSON, e.g. from experiments/calibrate.py) or "auto"
     sim_accelerator: str | None = None  # sim without a profile: the roofline of this accelerator (cbjax.sim.roofline)
     sim_num_chips: int = 1  # sim_accelerator: chips in tensor parallel (communication taken as free)
     # sim: every step's time times this (cbjax.sim.ScaledCost): a slower (> 1) or faster machine, or how much a

@@ -110,14 +110,19 @@ def cost_model_from_dict(d: dict) -> CostModel:
     return kinds[kind].from_dict(d)
 
 
-def load_profile(path: str) -> CostModel:
-    """The cost model of a JSON profile file (written by `save_profile`, e.g. by experiments/calibrate.py)."""
+def read_profile(path: str) -> dict:
+    """A JSON profile file as a dict (ValueError if it cannot be read)."""
     try:
         with open(path) as f:
             d = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"cannot read the cost-model profile {path}: {e}") from None
-    return cost_model_from_dict(d)
+    return d
+
+
+def load_profile(path: str) -> CostModel:
+    """The cost model of a JSON profile file (written by `save_profile`, e.g. by experiments/calibrate.py)."""
+    return cost_model_from_dict(read_profile(path))
 
 
 def save_profile(model: CostModel, path: str, meta: dict | None = None) -> None:
@@ -131,20 +136,31 @@ def save_profile(model: CostModel, path: str, meta: dict | None = None) -> None:
         f.write("\n")
 
 
-def engine_cost_model(config, mcfg, given: CostModel | None = None) -> CostModel:
+def engine_cost_model(config, mcfg, given: CostModel | None = None, calibrate=None) -> CostModel:
     """The cost model of a simulating engine with `config` (an EngineConfig) and model shapes `mcfg`: `given`,
-    else its sim_profile file, else its sim_accelerator's roofline; times its sim_step_time_scale."""
+    else its sim_profile (a file, whose origin is checked against this machine and tree, or "auto": this machine's
+    cached calibration, made now with `calibrate` if there is none: cbjax/sim/auto_profile.py), else its
+    sim_accelerator's roofline; times its sim_step_time_scale."""
+    from cbjax.sim.auto_profile import auto_profile
+    from cbjax.sim.config import AUTO_PROFILE
+    from cbjax.sim.provenance import check_origin
     from cbjax.sim.roofline import RooflineCost
 
     cfg = config.sim
     if given is not None:
         cost = given
+    elif cfg.sim_profile == AUTO_PROFILE:
+        if calibrate is None:
+            raise ValueError("sim_profile='auto' needs a calibration function (LLMEngine passes the real engine's)")
+        cost = cost_model_from_dict(auto_profile(config, mcfg, calibrate))
     elif cfg.sim_profile is not None:
-        cost = load_profile(cfg.sim_profile)
+        d = read_profile(cfg.sim_profile)
+        cost = cost_model_from_dict(d)
+        check_origin(cfg.sim_profile, d)
     elif cfg.sim_accelerator is not None:
         cost = RooflineCost.for_model(
             mcfg, cfg.sim_accelerator, num_chips=cfg.sim_num_chips, kv_cache_dtype=config.cache.kv_cache_dtype
         )
     else:
-        raise ValueError("runner='sim' needs sim_profile (a cost-model profile) or sim_accelerator (a roofline)")
+        raise ValueError("runner='sim' needs sim_profile (a cost-model profile or 'auto') or sim_accelerator")
     return cost if cfg.sim_step_time_scale == 1.0 else ScaledCost(cost, cfg.sim_step_time_scale)

@@ -1,8 +1,25 @@
-"""The calibration sweep, without flags: run it on the real engine and fit a CalibratedCost. Shared by
-experiments/calibrate.py (which writes the profile) and experiments/sim_fidelity.py (which, with --recalibrate,
-fits a fresh profile right before each case so the machine's load is the same for both)."""
+"""Calibrating the simulator on this machine: a sweep of synthetic workloads on the real engine, every step's
+features and measured time, and the CalibratedCost fitted to them.
+
+Used by sim_profile="auto" (cbjax/sim/auto_profile.py, through cbjax/engine_build.py), experiments/calibrate.py
+(which writes a profile file) and experiments/sim_fidelity.py (calibration rounds between real runs). It drives
+the real engine and the online loop, so it sits beside engine_build rather than in cbjax/sim, which imports only
+core and config and never jax (tests/test_layout.py); its imports of the engine are inside the functions, as
+engine_build imports this module.
+
+A step's time is what cbjax.bench.online moves a virtual clock by for the real engine (the wall time of the
+engine's step call up to the fetch of its results), so the simulator advances its clock the same way. The sweep:
+  decode  N sequences (1 .. max_num_seqs) with contexts of C tokens (16 .. 512), 48 decode steps each
+  prefill prompts long enough to fill every token bucket (chunked under the budget), few output tokens
+  batch   full batches of random-length requests, all at once (many sequences decoding, prompts joining)
+  mixed   Poisson arrivals of random-length requests (prefill chunks and decodes in the same step)
+  swap    40 of those requests into a small KV pool with preemption by swap (the cost per byte copied)
+"""
 
 import dataclasses
+import logging
+
+_log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -23,7 +40,8 @@ class Calibration:
 
 
 def sweep_workloads(vocab_size: int, max_num_seqs: int, max_model_len: int, seed: int, scale: float) -> dict:
-    """name -> workload (cbjax.bench.workload requests)."""
+    """name -> workload (cbjax.bench.workload requests). `scale` multiplies the number of requests of every sweep
+    but the decode groups (which are set by max_num_seqs)."""
     import numpy as np
 
     from cbjax.bench.requests import WorkloadRequest
@@ -57,12 +75,42 @@ def sweep_workloads(vocab_size: int, max_num_seqs: int, max_model_len: int, seed
     return out
 
 
-def calibrate(model: str, opts: dict, *, seed: int, scale: float, log=print) -> Calibration:
-    """Run the sweep on the real engine (`opts`: LLMEngine options) and fit a CalibratedCost to its steps."""
+def measure(engine, workload) -> tuple[list, list, object]:
+    """Run `workload` on `engine` (on a virtual clock, measured step times); returns each step's features and
+    measured seconds, in the order the steps finished, and run_online's result."""
+    from cbjax.bench.online import run_online
+    from cbjax.model.llama import kv_cache_bytes_per_page
+    from cbjax.sim import step_features
+
+    page_bytes = kv_cache_bytes_per_page(engine.model_config, engine.config.cache.page_size)
+    feats, times = [], []
+    runner, clock = engine.runner, engine.clock
+    fetch, advance = runner.fetch, clock.advance
+
+    def recording_fetch(handle):
+        feats.append(step_features(handle.out, handle.padded_tokens, page_bytes))
+        return fetch(handle)
+
+    def recording_advance(dt):
+        times.append(dt)
+        advance(dt)
+
+    runner.fetch, clock.advance = recording_fetch, recording_advance
+    try:
+        result = run_online(engine, workload)
+    finally:
+        del runner.fetch, clock.advance
+    if len(feats) != len(times):
+        raise RuntimeError(f"{len(feats)} steps fetched but {len(times)} clock moves")
+    return feats, times, result
+
+
+def calibrate(model, opts: dict, *, seed: int, scale: float, log=_log.info) -> Calibration:
+    """Run the sweep on the real engine for `model` (a name, a ModelConfig or a checkpoint, as LLMEngine takes it;
+    `opts`: LLMEngine options) and fit a CalibratedCost to its steps."""
     from cbjax.core.clock import VirtualClock
     from cbjax.engine import LLMEngine
     from cbjax.sim import CalibratedCost
-    from experiments.measured_steps import measure
 
     engine = LLMEngine(model, clock=VirtualClock(), **opts)
     engine.wait_until_warm()

@@ -156,12 +156,19 @@ def run_study(model: str, cost, *, policies=POLICIES, repeats: int = 5, workload
     return out
 
 
-def load_cost(profile: str) -> tuple[object, dict]:
-    """The cost model of a profile file, and what the study records of it (path, kind, meta)."""
-    from cbjax.sim import load_profile
+def load_cost(profile: str, model: str = "llama-tiny") -> tuple[object, dict]:
+    """The cost model of a profile file, or of "auto" (this machine's cached calibration for the study's engine,
+    calibrated now if there is none: cbjax/sim/auto_profile.py), and what the study records of it."""
+    from cbjax.sim import AUTO_PROFILE, load_profile
 
-    if profile == "auto":
-        raise ValueError("--profile=auto needs cbjax.sim's cached calibration (issue 35, point 4); give a path")
+    if profile == AUTO_PROFILE:
+        from cbjax.core.clock import VirtualClock
+        from cbjax.engine import LLMEngine
+
+        options = engine_options(dict(policy="fcfs", runner="sim", sim_profile=AUTO_PROFILE))
+        engine = LLMEngine(model, clock=VirtualClock(), **options)
+        cost = engine.runner.cost_model
+        return cost, dict(path=AUTO_PROFILE, kind=cost.kind, meta=None, model=cost.to_dict())
     with open(profile) as f:
         d = json.load(f)
     return load_profile(profile), dict(path=profile, kind=d.get("kind"), meta=d.get("meta"))
@@ -288,7 +295,7 @@ def study_command(profile: str, *, output: str, repeats: int = 5, scale: float =
     argv = list(sys.argv if argv is None else argv)
     start = datetime.datetime.now(datetime.UTC)
     load_before = list(os.getloadavg())
-    cost, profile_info = load_cost(profile)
+    cost, profile_info = load_cost(profile, model)
     workload = dict(workload, num_requests=max(10, round(workload["num_requests"] * scale)))
     study = run_study(model, cost, policies=policies, repeats=repeats, workload=workload, engine=engine,
                       steps_output=steps_output)  # fmt: skip
@@ -312,7 +319,7 @@ def define_flags() -> None:
     from absl import flags
 
     today = datetime.date.today().isoformat()
-    flags.DEFINE_string("profile", None, "cost-model profile (JSON, experiments/calibrate.py)")
+    flags.DEFINE_string("profile", None, "cost-model profile (JSON, experiments/calibrate.py), or auto (cached)")
     flags.DEFINE_integer(
         "repeats",
         5,

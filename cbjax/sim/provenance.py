@@ -19,7 +19,8 @@ import importlib.metadata
 import logging
 import os
 import pathlib
-import platform
+
+from cbjax.core.machine import cpu_model
 
 _log = logging.getLogger(__name__)
 
@@ -48,27 +49,6 @@ CHECKED = {
     "code_fingerprint": "another version of the step's code (" + ", ".join(FINGERPRINT_SOURCES) + ")",
 }
 ADVICE = "step times may not match this machine/tree; use sim_profile='auto' or recalibrate (experiments/calibrate.py)"
-
-
-def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
-    """The processor's name and family/model numbers ("AMD EPYC 9R14 (family 25, model 17)"): "AMD EPYC" alone does
-    not tell Zen 4 from Zen 5. The same reading as cbjax.bench.results.cpu_model (this room may not import bench)."""
-    fields: dict[str, str] = {}
-    try:
-        with open(cpuinfo) as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key in ("model name", "cpu family", "model") and key not in fields:
-                    fields[key] = value.strip()
-                elif not key:  # the first processor's block ends
-                    break
-    except OSError:
-        pass
-    name = fields.get("model name") or platform.processor() or platform.machine()
-    if "cpu family" in fields and "model" in fields:
-        name += f" (family {fields['cpu family']}, model {fields['model']})"
-    return name
 
 
 def code_fingerprint(root: pathlib.Path = ROOT, sources: tuple[str, ...] = FINGERPRINT_SOURCES) -> str:

@@ -15,10 +15,17 @@ time) for decode, GFLOP/s (4 * N * H * visible (query, key) pairs / time) for pr
   PYTHONPATH=. JAX_PLATFORMS=cpu python -m experiments.bench_cpu_attention
   ... --shapes=llama-small --seqs=64 --ctx=256 --prefill= --rounds=7 --dtype=bfloat16
   ... --seqs= --prefill=1x2048,8x256,1x256@768      (prefill only)
+
+--out FILE also writes a data file for the docs (cbjax/bench/doc_data.py): one run per (case, variant, round),
+labelled with the kernel build (`auto.build_kind()`: "avx512", or "portable" under CBJAX_CPU_BUILD=no-avx512 or
+on a CPU without AVX-512) and XLA's instruction-set cap (XLA_FLAGS=--xla_cpu_max_isa=AVX2 holds XLA to what such a
+CPU has); docs/kernels.md, "CPUs without AVX-512", shows it.
 """
 
 import json
+import os
 import statistics
+import sys
 import time
 
 import jax
@@ -27,6 +34,7 @@ import numpy as np
 from absl import app, flags
 
 from kernels_pallas.cpu import attention as cpu_attention
+from kernels_pallas.cpu import auto
 from kernels_pallas.xla_attention import xla_ragged_paged_attention
 
 SHAPES = {  # (N query heads, K kv heads, H head dim), as in cbjax/model/config.py
@@ -43,6 +51,15 @@ _ROUNDS = flags.DEFINE_integer("rounds", 5, "timed rounds (one call of each vari
 _PAGE_SIZE = flags.DEFINE_integer("page_size", 16, "tokens per page (G)")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "q / KV dtype")
 _SEED = flags.DEFINE_integer("seed", 0, "random data and page placement")
+_OUT = flags.DEFINE_string("out", None, "also write every round's time to this data file (docs/data/*.json)")
+
+
+def xla_max_isa() -> str | None:
+    """The --xla_cpu_max_isa of XLA_FLAGS, if set (XLA's own code generation held to that instruction set)."""
+    for part in os.environ.get("XLA_FLAGS", "").split():
+        if part.startswith("--xla_cpu_max_isa="):
+            return part.split("=", 1)[1]
+    return None
 
 
 def make_step(S, ctx, N, K, H, G, dtype, rng, q_len=1):
@@ -93,6 +110,8 @@ def main(argv):
     fns = variants()
     rng = np.random.default_rng(_SEED.value)
     dtype = jnp.dtype(_DTYPE.value)
+    labels = dict(build=auto.build_kind(), xla_max_isa=xla_max_isa(), dtype=dtype.name)
+    runs = []
     for shape in _SHAPES.value:
         N, K, H = SHAPES[shape]
         for desc, (S, ctx, q_len), work, unit in cases(N, K, H, dtype.itemsize):
@@ -120,6 +139,20 @@ def main(argv):
                     round_ms=[round(t * 1e3, 2) for t in ts],
                 )
                 print(json.dumps(row), flush=True)
+                case = f"decode {S}x{ctx}" if "seqs" in desc else f"prefill {desc['prefill']}"
+                runs += [dict(labels, shapes=shape, case=case, variant=name, round=i + 1, ms=t * 1e3)
+                         for i, t in enumerate(ts)]  # fmt: skip
+    if _OUT.value:
+        from cbjax.bench.doc_data import write_doc_data
+
+        command = " ".join(f"{k}={os.environ[k]}" for k in ("CBJAX_CPU_BUILD", "XLA_FLAGS") if os.environ.get(k))
+        write_doc_data(
+            _OUT.value,
+            command=f"{command} python -m experiments.bench_cpu_attention {' '.join(sys.argv[1:])}".strip(),
+            runs=runs,
+            what="one attention layer: the C++ kernel against XLA's loops, interleaved rounds",
+            settings=dict(labels, page_size=_PAGE_SIZE.value, seed=_SEED.value),
+        )
 
 
 if __name__ == "__main__":

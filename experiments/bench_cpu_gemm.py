@@ -14,10 +14,15 @@ and packed's speedup over xla.
 
   PYTHONPATH=. JAX_PLATFORMS=cpu python -m experiments.bench_cpu_gemm
   ... --ms=256,512,1024,2048 --shapes=1024x5632,2816x1024 --chain_ms=   (where XLA catches up)
+
+--out FILE also writes a data file for the docs (cbjax/bench/doc_data.py): one run per (case, M, variant, round),
+labelled with the kernel build and XLA's instruction-set cap, as experiments/bench_cpu_attention.py's.
 """
 
 import json
+import os
 import statistics
+import sys
 import time
 
 import jax
@@ -25,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from kernels_pallas.cpu import auto
 from kernels_pallas.cpu import gemm as cpu_gemm
 
 _SHAPES = flags.DEFINE_list("shapes", ["1024x1536", "1024x1024", "1024x5632", "2816x1024", "1024x32000"], "KxN weights")
@@ -39,10 +45,20 @@ _QKV = flags.DEFINE_integer(
 _ROUNDS = flags.DEFINE_integer("rounds", 7, "timed rounds (one call of each variant per round)")
 _THREADS = flags.DEFINE_integer("num_threads", 0, "packed kernel threads (0: this process's CPUs)")
 _SEED = flags.DEFINE_integer("seed", 0, "random data")
+_OUT = flags.DEFINE_string("out", None, "also write every round's time to this data file (docs/data/*.json)")
+RUNS: list[dict] = []  # every round of every case, for --out
 
 
-def interleaved(fns: dict, args: dict, rounds: int) -> dict:
-    """Median seconds per variant, one call of each per round after a warm-up call that compiles."""
+def xla_max_isa() -> str | None:
+    """The --xla_cpu_max_isa of XLA_FLAGS, if set (as bench_cpu_attention.py's; importing it would define its
+    flags twice)."""
+    flags_ = os.environ.get("XLA_FLAGS", "").split()
+    return next((f.split("=", 1)[1] for f in flags_ if f.startswith("--xla_cpu_max_isa=")), None)
+
+
+def interleaved(fns: dict, args: dict, rounds: int, case: dict) -> dict:
+    """Median seconds per variant, one call of each per round after a warm-up call that compiles; every round's
+    time goes to RUNS, labelled with `case`."""
     for name, f in fns.items():
         jax.block_until_ready(f(*args[name]))
     times = {name: [] for name in fns}
@@ -51,6 +67,8 @@ def interleaved(fns: dict, args: dict, rounds: int) -> dict:
             t0 = time.perf_counter()
             jax.block_until_ready(f(*args[name]))
             times[name].append(time.perf_counter() - t0)
+    for name, ts in times.items():
+        RUNS.extend(dict(case, variant=name, round=i + 1, ms=t * 1e3) for i, t in enumerate(ts))
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
@@ -73,8 +91,9 @@ def standalone(rng, threads):
         packed = jax.jit(lambda x, wp, n=N: cpu_gemm.packed_matmul(x, wp, n, num_threads=threads))
         for M in map(int, _MS.value):
             x = jnp.asarray(rng.standard_normal((M, K), np.float32))
-            med = interleaved({"xla": xla, "packed": packed}, {"xla": (x, w), "packed": (x, wp)}, _ROUNDS.value)
-            report(dict(case="standalone", shape=shape, m=M), 2.0 * M * K * N, med)
+            case = dict(case="standalone", shape=shape, m=M)
+            med = interleaved({"xla": xla, "packed": packed}, {"xla": (x, w), "packed": (x, wp)}, _ROUNDS.value, case)
+            report(case, 2.0 * M * K * N, med)
 
 
 def chain(rng, threads):
@@ -101,7 +120,9 @@ def chain(rng, threads):
     packed = stack(lambda x, w, n: cpu_gemm.packed_matmul(x, w, n, num_threads=threads))
     for M in map(int, _CHAIN_MS.value):
         x = jnp.asarray(rng.standard_normal((M, D), np.float32))
-        med = interleaved({"xla": xla, "packed": packed}, {"xla": (x, plain), "packed": (x, packs)}, _ROUNDS.value)
+        case = dict(case="chain", shape=f"{L} layers {D}x{2 * F}, {F}x{D}" + (f", {D}x{Q}, {D}x{D}" if Q else ""), m=M)
+        fns, fn_args = {"xla": xla, "packed": packed}, {"xla": (x, plain), "packed": (x, packs)}
+        med = interleaved(fns, fn_args, _ROUNDS.value, case)
         flops = 2.0 * M * L * sum(k * n for k, n in shapes)
         report(dict(case="chain", layers=L, d=D, f=F, qkv=Q, m=M), flops, med)
 
@@ -116,6 +137,18 @@ def main(argv):
         standalone(rng, threads)
     if _CHAIN_MS.value:
         chain(rng, threads)
+    if _OUT.value:
+        from cbjax.bench.doc_data import write_doc_data
+
+        labels = dict(build=auto.build_kind(), xla_max_isa=xla_max_isa())
+        command = " ".join(f"{k}={os.environ[k]}" for k in ("CBJAX_CPU_BUILD", "XLA_FLAGS") if os.environ.get(k))
+        write_doc_data(
+            _OUT.value,
+            command=f"{command} python -m experiments.bench_cpu_gemm {' '.join(sys.argv[1:])}".strip(),
+            runs=[dict(labels, **r) for r in RUNS],
+            what="float32 matmuls at decode sizes: the packed C++ kernel against XLA's dot, interleaved rounds",
+            settings=dict(labels, num_threads=_THREADS.value, seed=_SEED.value),
+        )
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ Both halves have a faster twin on CPU: a C++ FFI kernel (cpu/attention.py) that 
 (XLA's decode loop runs at ~2-3 GB/s of K/V, bound by gathers and tiny dots). `decode_impl` and `prefill_impl`
 pick it per half: "ffi", "xla", or "auto" (the default; the environment variables CBJAX_DECODE_ATTENTION and
 CBJAX_PREFILL_ATTENTION, "ffi" | "xla" | "auto", override them): the FFI kernel on the CPU backend when it
-builds, else the XLA loop. With both on "ffi" one kernel call fills every row and no XLA loop runs.
+builds and cpu/auto.py's measured table takes it for this build (a build without AVX-512 keeps the XLA prefill
+loop), else the XLA loop. With both on "ffi" one kernel call fills every row and no XLA loop runs.
 """
 
 import functools
@@ -32,6 +33,7 @@ import jax.numpy as jnp
 
 from kernels_pallas import kv_quant
 from kernels_pallas.cpu import attention as cpu_attention
+from kernels_pallas.cpu import auto as cpu_auto
 
 _NEG = -1e30
 IMPLS = ("auto", "ffi", "xla")  # decode_impl and prefill_impl alike
@@ -40,7 +42,7 @@ PREFILL_ENV_VAR = "CBJAX_PREFILL_ATTENTION"
 _log = logging.getLogger("cbjax")
 
 
-def _resolve(impl: str, env_var: str, name: str) -> str:
+def _resolve(impl: str, env_var: str, name: str, kernel: str) -> str:
     impl = os.environ.get(env_var) or impl
     if impl not in IMPLS:
         raise ValueError(f"{name} ({env_var}) must be one of {IMPLS}, got {impl!r}")
@@ -50,20 +52,21 @@ def _resolve(impl: str, env_var: str, name: str) -> str:
         return impl
     if jax.default_backend() != "cpu":
         return "xla"
-    if cpu_attention.available():
+    reason = cpu_auto.auto_reason(kernel)  # the kernel unavailable, or measured slower than XLA on this build
+    if reason is None:
         return "ffi"
-    _warn_unavailable_once(cpu_attention.unavailable_reason())
+    _warn_unavailable_once(reason)
     return "xla"
 
 
 def resolve_decode_impl(decode_impl: str = "auto") -> str:
     """ "ffi" or "xla" for the decode rows (see the module docstring); the environment variable wins."""
-    return _resolve(decode_impl, DECODE_ENV_VAR, "decode_impl")
+    return _resolve(decode_impl, DECODE_ENV_VAR, "decode_impl", "decode_attention")
 
 
 def resolve_prefill_impl(prefill_impl: str = "auto") -> str:
     """ "ffi" or "xla" for the prefill rows (see the module docstring); the environment variable wins."""
-    return _resolve(prefill_impl, PREFILL_ENV_VAR, "prefill_impl")
+    return _resolve(prefill_impl, PREFILL_ENV_VAR, "prefill_impl", "prefill_attention")
 
 
 def resolve_cpu_impls() -> tuple[str, str]:
@@ -73,7 +76,7 @@ def resolve_cpu_impls() -> tuple[str, str]:
 
 @functools.cache
 def _warn_unavailable_once(reason: str) -> None:
-    _log.warning("cbjax: CPU attention kernel unavailable, using the XLA path (%s)", reason)
+    _log.warning("cbjax: CPU attention kernel not used, taking the XLA path: %s", reason)
 
 
 def _pad_to(x, multiple: int, axis: int, value=0):

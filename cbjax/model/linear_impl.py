@@ -2,8 +2,9 @@
 on the CPU matmul kernel over pre-packed weights (packed_linear.py, kernels_pallas/cpu/gemm.py).
 
 `cpu_matmul` ("auto" | "packed" | "xla"; the CBJAX_MATMUL environment variable overrides it): "auto" packs a
-float32 model served on the CPU backend without tensor parallelism when the kernel builds here, else keeps XLA's
-dot; "packed" insists (ValueError saying why it cannot, RuntimeError if the kernel does not build); "xla" never
+float32 model served on the CPU backend without tensor parallelism when the kernel builds here and
+kernels_pallas/cpu/auto.py's measured table takes it for this build (not a build without AVX-512), else keeps
+XLA's dot; "packed" insists (ValueError saying why it cannot, RuntimeError if the kernel does not build); "xla" never
 packs. Decode-sized matmuls are where packing pays (docs/benchmarks.md, "What each lever gave").
 """
 
@@ -17,6 +18,7 @@ from flax import nnx
 from cbjax.config.model import CPU_MATMULS
 from cbjax.model.packed_linear import pack_model, unpackable_reason
 from cbjax.model.quantize import quantize_model
+from kernels_pallas.cpu import auto as cpu_auto
 from kernels_pallas.cpu import gemm as cpu_gemm
 
 ENV_VAR = "CBJAX_MATMUL"
@@ -39,17 +41,20 @@ def resolve_cpu_matmul(impl: str, model, tensor_parallel_size: int = 1) -> str:
         if impl == "packed":
             raise ValueError(f"cpu_matmul='packed' is not possible here: {reason}")
         return "xla"
-    if not cpu_gemm.available():
-        if impl == "packed":
+    if impl == "packed":
+        if not cpu_gemm.available():
             raise RuntimeError(f"cpu_matmul='packed', but the kernel is unavailable: {cpu_gemm.unavailable_reason()}")
-        _warn_unavailable_once(cpu_gemm.unavailable_reason())
+        return "packed"
+    reason = cpu_auto.auto_reason("matmul")  # the kernel unavailable, or measured slower than XLA on this build
+    if reason is not None:
+        _warn_unavailable_once(reason)
         return "xla"
     return "packed"
 
 
 @functools.cache
 def _warn_unavailable_once(reason: str) -> None:
-    _log.warning("cbjax: CPU matmul kernel unavailable, using XLA's dot (%s)", reason)
+    _log.warning("cbjax: CPU matmul kernel not used, keeping XLA's dot: %s", reason)
 
 
 def serving_model(model, quantization: str | None, cpu_matmul: str, tensor_parallel_size: int = 1):

@@ -14,8 +14,14 @@
 //
 // Threads: the calling thread and up to num_threads - 1 helpers on XLA's intra-op pool take items from one queue
 // (work_queue.h: a busy pool costs parallelism, never a deadlock).
+//
+// Checked builds (-DCBJAX_CHECKED=1, library.py's "checked" option): the metadata of the live sequences that the
+// default build clamps (page ids outside [0, P), kv_lens outside [0, W * G]) or skips (cu_q_lens not rising
+// within [0, T]) is an InvalidArgument error naming the entry, raised before any item runs. The default build
+// stays memory-safe on such input but attends over whatever page the clamp lands on: a silently wrong answer.
 
 #include <memory>
+#include <string>
 
 #include "attention_common.h"
 #include "work_queue.h"
@@ -68,6 +74,37 @@ void make_items(const Problem& p, const int32_t* kv, const int32_t* cu, int64_t 
   auto cost = [](const Item& it) { return static_cast<int64_t>(it.rows) * (it.end - it.start + it.rows / 2); };
   std::stable_sort(items.begin(), items.end(), [&](const Item& x, const Item& y) { return cost(x) > cost(y); });
 }
+
+#if defined(CBJAX_CHECKED) && CBJAX_CHECKED
+// The checked build's checks (see the top of this file): the live sequences' cu_q_lens and kv_lens, then every
+// page-table entry an item will read (positions [start, end + rows - 1); entries before a sliding window's start
+// and past the context are never read, so they may hold anything).
+ffi::Error check_metadata(const Problem& p, const int32_t* kv, const int32_t* cu, int64_t live,
+                          const std::vector<Item>& items) {
+  auto at = [](const char* name, int64_t i, int64_t value) {
+    return std::string(name) + "[" + std::to_string(i) + "] = " + std::to_string(value);
+  };
+  for (int64_t i = 0; i < live; ++i) {
+    if (cu[i] < 0 || cu[i + 1] < cu[i] || cu[i + 1] > p.T)
+      return ffi::Error::InvalidArgument(at("cu_q_lens", i + 1, cu[i + 1]) + " after " + at("cu_q_lens", i, cu[i]) +
+                                         ": not rising within [0, T = " + std::to_string(p.T) + "]");
+    if (kv[i] < 0 || kv[i] > p.W * p.G)
+      return ffi::Error::InvalidArgument(at("kv_lens", i, kv[i]) + " is outside [0, W * G = " +
+                                         std::to_string(p.W * p.G) + "]");
+  }
+  for (const Item& it : items) {
+    const int64_t last = it.end + it.rows - 1;  // one past the last position the item reads
+    for (int64_t j = it.start / p.G; j <= (last - 1) / p.G; ++j) {
+      const int32_t page = p.page_indices[static_cast<int64_t>(it.seq) * p.W + j];
+      if (page < 0 || page >= p.P)
+        return ffi::Error::InvalidArgument("page_indices[" + std::to_string(it.seq) + ", " + std::to_string(j) +
+                                           "] = " + std::to_string(page) + " is outside [0, P = " +
+                                           std::to_string(p.P) + ")");
+    }
+  }
+  return ffi::Error::Success();
+}
+#endif
 
 // Aliases: a comma inside a template argument list would split the handler macro's arguments.
 using I32Vector = ffi::Buffer<ffi::S32, 1>;
@@ -131,6 +168,10 @@ ffi::Error RaggedAttention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffe
   batch->prefill = pick_prefill(dt, kv_dt, p.H);
   const int64_t live = std::min<int64_t>(std::max<int32_t>(num_seqs.typed_data()[0], 0), p.S);
   make_items(p, kv_lens.typed_data(), cu_q_lens.typed_data(), live, rows, batch->items);
+#if defined(CBJAX_CHECKED) && CBJAX_CHECKED
+  ffi::Error bad = check_metadata(p, kv_lens.typed_data(), cu_q_lens.typed_data(), live, batch->items);
+  if (bad.failure()) return bad;
+#endif
   if (batch->items.empty()) return ffi::Error::Success();
 
   const int64_t total = static_cast<int64_t>(batch->items.size()) * p.K;

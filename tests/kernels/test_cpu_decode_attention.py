@@ -1,5 +1,6 @@
 """The C++ FFI decode attention for CPU (kernels_pallas/cpu/attention.py) against the naive float64 attention,
-alone and inside the XLA ragged path (decode_impl="ffi"), NaN-poisoned pages and garbage page tables included."""
+alone and inside the XLA ragged path (decode_impl="ffi"), NaN-poisoned pages and garbage page tables included.
+The tests taking `cpu_build` run against the default build and the portable one, without AVX-512 (conftest.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -94,7 +95,7 @@ def decode_case(seed, *, K=2, N=8, H=64, G=16):
 @needs_kernel
 @pytest.mark.parametrize("R", [1, 2, 4, 8])
 @pytest.mark.parametrize("H", [32, 64, 128])
-def test_decode_matches_naive_gqa_and_head_dims(R, H):
+def test_decode_matches_naive_gqa_and_head_dims(cpu_build, R, H):
     args = decode_case(R * 1000 + H, K=2, N=2 * R, H=H, G=16)
     check_kernel(args)
 
@@ -102,14 +103,14 @@ def test_decode_matches_naive_gqa_and_head_dims(R, H):
 @needs_kernel
 @pytest.mark.parametrize("G", [8, 16, 32])
 @pytest.mark.parametrize("window,soft_cap", [(None, None), (1, None), (6, None), (21, None), (None, 5.0), (9, 3.0)])
-def test_decode_page_sizes_window_soft_cap(G, window, soft_cap):
+def test_decode_page_sizes_window_soft_cap(cpu_build, G, window, soft_cap):
     args = decode_case(G, G=G)
     check_kernel(args, window=window, soft_cap=soft_cap)
 
 
 @needs_kernel
 @pytest.mark.parametrize("G,window,soft_cap", [(8, 6, None), (16, 21, 3.0), (32, None, 5.0)])
-def test_decode_shared_transpose_scores_window_soft_cap(G, window, soft_cap):
+def test_decode_shared_transpose_scores_window_soft_cap(cpu_build, G, window, soft_cap):
     """H 32 with R 4 (llama-tiny) scores through partial transposes of K shared by the heads, not per-head trees:
     partial 16-row blocks from windows, page ends and page sizes other than 16."""
     args = decode_case(G + 1, K=2, N=8, H=32, G=G)
@@ -118,14 +119,14 @@ def test_decode_shared_transpose_scores_window_soft_cap(G, window, soft_cap):
 
 @needs_kernel
 @pytest.mark.parametrize("H", [16, 40, 256])
-def test_other_head_dims(H):
+def test_other_head_dims(cpu_build, H):
     """256: the widest compiled-in head dim; 40: the generic (runtime H, not a multiple of 16) path."""
     args = decode_case(H, K=1, N=3, H=H, G=8)
     check_kernel(args)
 
 
 @needs_kernel
-def test_sm_scale():
+def test_sm_scale(cpu_build):
     rng = np.random.default_rng(7)
     args = make_case(rng, [1, 1], [9, 30], H=32)
     got = np.asarray(cpu_attention.cpu_decode_attention(*args, sm_scale=0.5))
@@ -136,7 +137,7 @@ def test_sm_scale():
 
 
 @needs_kernel
-def test_empty_slots_prefill_rows_padding_and_sequences_past_num_seqs():
+def test_empty_slots_prefill_rows_padding_and_sequences_past_num_seqs(cpu_build):
     rng = np.random.default_rng(11)
     # A decode, an empty slot, a prefill, a decode with an empty context (zeros, not NaN), a decode.
     args = poison_page_table(rng, make_case(rng, [1, 0, 5, 1, 1], [17, 0, 5, 0, 33], G=8), 8)
@@ -155,7 +156,7 @@ def test_empty_slots_prefill_rows_padding_and_sequences_past_num_seqs():
 
 
 @needs_kernel
-def test_threads_give_identical_results():
+def test_threads_give_identical_results(cpu_build):
     """Each (sequence, kv head) is computed by one thread in a fixed order: the thread count changes nothing."""
     rng = np.random.default_rng(5)
     lens = list(rng.integers(1, 200, 40))
@@ -167,7 +168,7 @@ def test_threads_give_identical_results():
 
 @needs_kernel
 @pytest.mark.parametrize("H", [32, 64, 40])
-def test_bfloat16(H):
+def test_bfloat16(cpu_build, H):
     args = decode_case(H, H=H)
     bf = [jnp.asarray(x, jnp.bfloat16) for x in args[:3]]
     got = cpu_attention.cpu_decode_attention(*bf, *args[3:])
@@ -182,7 +183,7 @@ def test_bfloat16(H):
 
 @needs_kernel
 @pytest.mark.parametrize("q_dtype,kv_dtype", [(jnp.float32, jnp.bfloat16), (jnp.bfloat16, jnp.float32)])
-def test_query_and_cache_dtypes_may_differ(q_dtype, kv_dtype):
+def test_query_and_cache_dtypes_may_differ(cpu_build, q_dtype, kv_dtype):
     """A float32 model with a bfloat16 KV cache (and the reverse): output in q's dtype, math in f32."""
     args = decode_case(7)
     q = jnp.asarray(args[0], q_dtype)

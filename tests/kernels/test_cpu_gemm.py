@@ -1,5 +1,6 @@
 """The packed-weight matmul for CPU (kernels_pallas/cpu/gemm.py, gemm.cc): packing, results against jnp.dot,
-a row's result bitwise independent of its batch and of the thread count, and the errors it raises."""
+a row's result bitwise independent of its batch and of the thread count, and the errors it raises. The tests
+taking `cpu_build` run against the default build and the portable one, without AVX-512 (conftest.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -55,7 +56,7 @@ def test_pack_weight_layout_and_round_trip():
         (300, 2048, 40),  # several row chunks (x's chunk sized to L2)
     ],
 )
-def test_matches_jnp_dot(M, K, N):
+def test_matches_jnp_dot(cpu_build, M, K, N):
     x, w = operands(np.random.default_rng(M * 1000 + K + N), M, K, N)
     got = np.asarray(cpu_gemm.packed_matmul(x, cpu_gemm.pack_weight(w), N))
     want = x.astype(np.float64) @ w.astype(np.float64)
@@ -66,7 +67,7 @@ def test_matches_jnp_dot(M, K, N):
 
 
 @needs_kernel
-def test_leading_dims_and_jit():
+def test_leading_dims_and_jit(cpu_build):
     x, w = operands(np.random.default_rng(1), None, 48, 70, lead=(2, 3, 5))
     wp = jnp.asarray(cpu_gemm.pack_weight(w))
     got = jax.jit(lambda x, wp: cpu_gemm.packed_matmul(x, wp, 70))(x, wp)
@@ -77,7 +78,7 @@ def test_leading_dims_and_jit():
 
 
 @needs_kernel
-def test_a_rows_result_is_bitwise_independent_of_batch_and_threads():
+def test_a_rows_result_is_bitwise_independent_of_batch_and_threads(cpu_build):
     """Each output element is one fma chain over k in order: the row's block size and place, M and the thread
     count change nothing (the engine's exactness tests compare a batch against separate forwards)."""
     # 64 rows: register blocks of 6 rows x 2 panels; the subsets below (<= 24 rows): blocks of up to 12 rows x 1
@@ -92,7 +93,7 @@ def test_a_rows_result_is_bitwise_independent_of_batch_and_threads():
 
 
 @needs_kernel
-def test_valid_rows_computes_the_leading_rows_and_zeros_the_rest():
+def test_valid_rows_computes_the_leading_rows_and_zeros_the_rest(cpu_build):
     """A padded batch's rows from valid_rows on are zeros (even where x holds NaN there); the rows before are
     bitwise those of the full call. Out-of-range counts clamp to [0, M]; a traced count works under jit."""
     M, K, N = 40, 96, 70
@@ -117,7 +118,7 @@ def test_valid_rows_computes_the_leading_rows_and_zeros_the_rest():
 
 
 @needs_kernel
-def test_empty_operands():
+def test_empty_operands(cpu_build):
     wp = cpu_gemm.pack_weight(np.ones((8, 40), np.float32))
     assert cpu_gemm.packed_matmul(np.ones((0, 8), np.float32), wp, 40).shape == (0, 40)
     got = cpu_gemm.packed_matmul(np.ones((3, 0), np.float32), cpu_gemm.pack_weight(np.ones((0, 5), np.float32)), 5)
@@ -146,7 +147,7 @@ def test_bad_shapes_and_dtypes_are_refused():
 
 
 @needs_kernel
-def test_argmax_is_the_argmax_of_the_matmul():
+def test_argmax_is_the_argmax_of_the_matmul(cpu_build):
     """packed_matmul_argmax picks jnp.argmax's column of packed_matmul's (bitwise equal) product: ties go to the
     first column (across panels and panel groups), a NaN wins (the first one), columns past N never win, rows past
     valid_rows get 0; bitwise the same with 1 or 2 threads."""

@@ -2,7 +2,8 @@
 alone and inside the XLA ragged path (prefill_impl="ffi"), against the naive float64 attention: mixed batches of
 decodes, fresh prompts, chunks after earlier context and padding rows, over GQA ratios, head dims, page sizes,
 sliding window, soft cap, bf16 and int8 pages; NaN in unused pages and garbage page tables never reach an
-output."""
+output. The tests taking `cpu_build` run against the default build and the portable one, without AVX-512
+(conftest.py)."""
 
 import pathlib
 import tomllib
@@ -59,7 +60,7 @@ def kernel(args, rows="both", window=None, soft_cap=None, **kw):
     "K,N,H",
     [(2, 8, 32), (4, 16, 64), (2, 4, 16), (1, 1, 128), (1, 8, 64), (1, 3, 40)],  # tiny, small, test-tiny, ...
 )
-def test_mixed_batch_matches_naive_gqa_and_head_dims(K, N, H):
+def test_mixed_batch_matches_naive_gqa_and_head_dims(cpu_build, K, N, H):
     args = mixed_case(K * 100 + N * 10 + H, K=K, N=N, H=H, long=True)
     check(kernel(args), args, live_rows(args, lambda n: n >= 1))
 
@@ -67,14 +68,14 @@ def test_mixed_batch_matches_naive_gqa_and_head_dims(K, N, H):
 @needs_kernel
 @pytest.mark.parametrize("G", [8, 16, 32])
 @pytest.mark.parametrize("window,soft_cap", [(None, None), (1, None), (6, None), (70, None), (None, 5.0), (9, 3.0)])
-def test_page_sizes_window_soft_cap(G, window, soft_cap):
+def test_page_sizes_window_soft_cap(cpu_build, G, window, soft_cap):
     args = mixed_case(G, G=G)
     check(kernel(args, window=window, soft_cap=soft_cap), args, live_rows(args, lambda n: n >= 1), window=window,
           soft_cap=soft_cap)  # fmt: skip
 
 
 @needs_kernel
-def test_rows_selects_the_kind_and_both_is_their_sum():
+def test_rows_selects_the_kind_and_both_is_their_sum(cpu_build):
     args = mixed_case(3, long=True)
     pre, dec, both = (kernel(args, rows=r) for r in ("prefill", "decode", "both"))
     check(pre, args, live_rows(args, lambda n: n > 1))
@@ -83,7 +84,7 @@ def test_rows_selects_the_kind_and_both_is_their_sum():
 
 
 @needs_kernel
-def test_sequences_past_num_seqs_and_garbage_metadata_are_ignored():
+def test_sequences_past_num_seqs_and_garbage_metadata_are_ignored(cpu_build):
     rng = np.random.default_rng(8)
     q, k, v, kv, pt, cu, _ = args = mixed_case(8, long=True)
     live = 5  # sequences 5.. look like prefills (and the padding) but are past num_seqs
@@ -103,7 +104,7 @@ def test_sequences_past_num_seqs_and_garbage_metadata_are_ignored():
 
 
 @needs_kernel
-def test_queries_past_their_context_give_zeros_not_nan():
+def test_queries_past_their_context_give_zeros_not_nan(cpu_build):
     """Out of contract (q_len > kv_len): the rows that would sit at negative positions stay zero, the rest attend."""
     rng = np.random.default_rng(4)
     q, k, v, kv, pt, cu, ns = make_case(rng, [6, 3], [6, 9])
@@ -116,7 +117,7 @@ def test_queries_past_their_context_give_zeros_not_nan():
 
 
 @needs_kernel
-def test_threads_give_identical_results():
+def test_threads_give_identical_results(cpu_build):
     args = mixed_case(5, long=True)
     outs = [kernel(args, num_threads=n) for n in (1, 2, 3, 8)]
     for o in outs[1:]:
@@ -127,7 +128,7 @@ def test_threads_give_identical_results():
 @pytest.mark.parametrize(
     "q_dtype,kv_dtype", [(jnp.bfloat16,) * 2, (jnp.float32, jnp.bfloat16), (jnp.bfloat16, jnp.float32)]
 )
-def test_bfloat16(q_dtype, kv_dtype):
+def test_bfloat16(cpu_build, q_dtype, kv_dtype):
     args = mixed_case(6, K=2, N=8, H=64, long=True)
     q = jnp.asarray(args[0], q_dtype)
     k, v = (jnp.asarray(x, kv_dtype) for x in args[1:3])
@@ -142,7 +143,7 @@ def test_bfloat16(q_dtype, kv_dtype):
 @needs_kernel
 @pytest.mark.parametrize("H,R,window,soft_cap", [(32, 4, None, None), (64, 4, 40, 5.0), (40, 2, None, None)])
 @pytest.mark.parametrize("q_dtype", [jnp.float32, jnp.bfloat16])
-def test_int8_pages(H, R, window, soft_cap, q_dtype):
+def test_int8_pages(cpu_build, H, R, window, soft_cap, q_dtype):
     """Unused rows hold int8 garbage with NaN scales: dequantized they are NaN, so reading one fails."""
     rng = np.random.default_rng(H + R)
     args, scales, (k_deq, v_deq) = quantize_case(rng, mixed_case(H + R, K=2, N=2 * R, H=H, long=True))

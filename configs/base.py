@@ -17,6 +17,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.policies = ("static", "time_window", "fcfs")  # the rows of the table; --config.policies=fcfs,static
     c.run_name = "base"  # results go to <output_dir>/<run_name>/
     c.output_dir = "results"  # parent folder of the run folders
+    # Also write a data file for the docs here (cbjax/bench/doc_data.py; docs/data/NAME.json): every run's metrics,
+    # the command, commit and CPU, from which `python -m experiments.doc_tables` makes the docs' tables.
+    c.doc_data = config_dict.placeholder(str)
     c.overwrite = False  # True: replace an earlier run of this run_name; False: write to <run_name>_2, _3, ...
     c.clock = "real"  # real: wall clock, sleeps between arrivals | virtual: simulated time, never sleeps
     c.step_cost_ms = 0.0  # virtual clock: fixed cost of every step; 0: each step's measured wall time

@@ -25,9 +25,17 @@ from typing import Any
 from absl import app, logging
 from ml_collections import config_flags
 
-from cbjax.bench.capacity import check_load
 from cbjax.bench.comparison_table import INTERVAL_METRICS, format_table, interval_table, outputs_line, ratio_line
 from cbjax.bench.ctrl_c import CtrlC
+from experiments.load_harness import (
+    capacity_from_runs,
+    capacity_policy,
+    capacity_runs,
+    horizon_of,
+    load_of,
+    workload_config,
+    workloads_at,
+)
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CONFIG = config_flags.DEFINE_config_file(
@@ -193,70 +201,19 @@ def prepare_run(cfg):
     return cfg, make_workload(workload_config(cfg, offline=load_of(cfg) is not None))
 
 
-def workload_config(cfg, *, seed_offset: int = 0, offline: bool = False):
-    """The fields of cbjax.bench.workload.make_workload from config.workload: its seed moved by `seed_offset`,
-    without `load` (that is the harness's, resolved into request_rate by `apply_load`); `offline`: all at t=0."""
-    w = cfg.workload.copy_and_resolve_references()
-    with w.unlocked():
-        w.seed = cfg.workload.seed + seed_offset
-        if "load" in w:
-            del w["load"]
-        if offline:
-            w.arrival, w.request_rate = "offline", None
-    return w
-
-
-def load_of(cfg) -> float | None:
-    """config.workload.load, checked; None when the workload's request_rate is absolute (load None or 0)."""
-    return check_load(cfg.workload.get("load"), cfg.workload.get("arrival"))
-
-
-def capacity_policy(cfg) -> str:
-    """The entry whose offline capacity a workload.load is relative to (config.capacity.policy, default fcfs)."""
-    return (cfg.get("capacity") or {}).get("policy", "fcfs")
-
-
 def measure_capacity(cfg, requests, *, progress: bool = True):
     """The reference policy's capacity (cbjax.bench.capacity.Capacity): `requests` all queued at t=0, on a fresh
-    engine of the comparison's options, config.capacity.runs times (default 1), the same clock as the comparison."""
-    from tqdm import tqdm
-
-    from cbjax.bench.capacity import capacity_of, offline
+    engine of the comparison's options, config.capacity.runs times, the same clock as the comparison."""
+    from cbjax.bench.capacity import offline
     from cbjax.bench.metrics import summarize
-    from cbjax.bench.online import run_online
-    from cbjax.core.clock import RealClock, VirtualClock
 
-    name = capacity_policy(cfg)
-    plan, options = engine_options(cfg, name)
-    step_cost_s = cfg.step_cost_ms / 1e3 if cfg.step_cost_ms > 0 else None
-    queued = offline(requests)
-    summaries = []
-    for _ in range(int((cfg.get("capacity") or {}).get("runs", 1))):
-        engine = build_engine(cfg.model, VirtualClock() if cfg.clock == "virtual" else RealClock(), options)
-        bar = tqdm(total=len(queued), desc=f"capacity {name}", unit="req", disable=not progress, file=sys.stderr)
-        res = run_online(engine, queued, client=plan.client, step_cost_s=step_cost_s,
-                         on_step=lambda p, bar=bar: bar.update(p.num_finished - bar.n))  # fmt: skip
-        bar.close()
-        del engine  # free its KV cache before the next engine is built
+    queued, summaries = offline(requests), []
+    for _ in range(capacity_runs(cfg)):
+        _, res = run_once(cfg, capacity_policy(cfg), queued, desc=f"capacity {capacity_policy(cfg)}", progress=progress)
         if res.interrupted:  # Ctrl-C while measuring: no capacity, so no comparison either
             raise KeyboardInterrupt
         summaries.append(summarize(res.requests, res.steps))
-    return capacity_of(name, summaries, len(queued))
-
-
-def apply_load(cfg, requests, *, progress: bool = True):
-    """With config.workload.load: measure the reference policy's capacity on `requests` and set the workload's
-    request_rate to load x capacity. Returns (config, the workload to run, Capacity or None)."""
-    from cbjax.bench.workload import make_workload
-
-    load = load_of(cfg)
-    if load is None:
-        return cfg, requests, None
-    capacity = measure_capacity(cfg, requests, progress=progress)
-    cfg = cfg.copy_and_resolve_references()
-    cfg.workload.request_rate = capacity.rate_at(load)
-    cfg.workload.load = 0.0  # applied: the rate is now absolute
-    return cfg, make_workload(workload_config(cfg)), capacity
+    return capacity_from_runs(cfg, summaries, len(queued))
 
 
 @dataclasses.dataclass
@@ -296,74 +253,69 @@ def build_engine(model, clock, options: dict):
     return DataParallelEngine(model, clock=clock, **dp, **engine_options)
 
 
-def _run_entry(cfg, comp: Comparison, name: str, rep: int, workload, step_cost_s, ctrl_c, progress, on_step) -> bool:
-    """One run of entry `name` (repeat `rep`) on a fresh engine, kept in `comp`. False when the run was stopped."""
+def run_once(cfg, name: str, workload, *, desc: str, progress: bool = True, horizon_s=None, on_step=None, stop=None):
+    """Entry `name` on a fresh engine of the config's options and clock, through `workload` (cbjax.bench.online):
+    (the engine's facts for the manifest, the OnlineResult; None when `stop()` said so once the engine was built).
+    The comparison's runs and the capacity runs both come here, so they share the clock, the step cost and the
+    engine options."""
     from tqdm import tqdm
 
     from cbjax.bench.online import run_online
     from cbjax.core.clock import RealClock, VirtualClock
 
     plan, options = engine_options(cfg, name)
-    clock = VirtualClock() if cfg.clock == "virtual" else RealClock()
-    logging.info(
-        "%s: engine policy=%s static_batch_timeout_s=%s, client=%s (repeat %d)",
-        name,
-        options["policy"],
-        options["static_batch_timeout_s"],
-        plan.client,
-        rep,
-    )
-    engine = build_engine(cfg.model, clock, options)
-    if ctrl_c.pressed:  # while it was being built
-        comp.interrupted = True
-        return False
-    if name not in comp.engines:
-        comp.engines[name] = {
-            "config": engine.config.options(),
-            "buckets": dataclasses.asdict(engine.buckets),
-            "client": None if plan.client is None else dataclasses.asdict(plan.client),
-            "warmup_s": engine.warmup_s,
-            "compiles_at_warmup": engine.num_compiles,
-        }
-        if options.get("runner") == "sim":  # what the step times are: a fit or a prediction
-            comp.engines[name]["cost_model"] = engine.runner.cost_model.to_dict()
-    label = name if cfg.get("repeats", 1) * cfg.get("seeds", 1) == 1 else f"{name} #{rep + 1}"
-    bar = tqdm(total=len(workload), desc=f"{label:>11}", unit="req", disable=not progress, file=sys.stderr)
+    logging.info("%s: engine policy=%s static_batch_timeout_s=%s, client=%s", desc, options["policy"],
+                 options["static_batch_timeout_s"], plan.client)  # fmt: skip
+    engine = build_engine(cfg.model, VirtualClock() if cfg.clock == "virtual" else RealClock(), options)
+    facts = {
+        "config": engine.config.options(),
+        "buckets": dataclasses.asdict(engine.buckets),
+        "client": None if plan.client is None else dataclasses.asdict(plan.client),
+        "warmup_s": engine.warmup_s,
+        "compiles_at_warmup": engine.num_compiles,
+    }
+    if options.get("runner") == "sim":  # what the step times are: a fit or a prediction
+        facts["cost_model"] = engine.runner.cost_model.to_dict()
+    if stop is not None and stop():  # e.g. Ctrl-C while the engine was being built
+        return facts, None
+    bar = tqdm(total=len(workload), desc=f"{desc:>11}", unit="req", disable=not progress, file=sys.stderr)
 
     def step_done(p):
         bar.update(p.num_finished - bar.n)
+        if on_step is not None:
+            on_step(p)
+
+    step_cost_s = cfg.step_cost_ms / 1e3 if cfg.step_cost_ms > 0 else None  # None: each step's measured time
+    try:
+        result = run_online(engine, workload, client=plan.client, step_cost_s=step_cost_s, on_step=step_done,
+                            horizon_s=horizon_s)  # fmt: skip
+    finally:
+        bar.close()
+    return facts, result
+
+
+def _run_entry(cfg, comp: Comparison, name: str, rep: int, workload, ctrl_c, progress, on_step) -> bool:
+    """One run of entry `name` (repeat `rep`), kept in `comp`. False when the run was stopped."""
+
+    def step_done(p):
         if on_step is not None:
             on_step(name, p)
         if ctrl_c.pressed:
             raise KeyboardInterrupt  # run_online ends the run here, keeping what it measured
 
-    result = run_online(
-        engine,
-        workload,
-        client=plan.client,
-        step_cost_s=step_cost_s,
-        on_step=step_done,
-        horizon_s=horizon_of(cfg, workload),
-    )
-    bar.close()
+    label = name if cfg.get("repeats", 1) * cfg.get("seeds", 1) == 1 else f"{name} #{rep + 1}"
+    facts, result = run_once(cfg, name, workload, desc=label, progress=progress, horizon_s=horizon_of(cfg, workload),
+                             on_step=step_done, stop=lambda: ctrl_c.pressed)  # fmt: skip
+    if result is None:
+        comp.interrupted = True
+        return False
+    comp.engines.setdefault(name, facts)
     comp.results.setdefault(name, result)
     comp.repeats.setdefault(name, []).append(result)
-    del engine  # free its KV cache before the next entry's engine is built
     if result.interrupted:
         comp.interrupted = True
         return False
     return True
-
-
-def horizon_of(cfg, workload) -> float | None:
-    """When each run ends (s from the start): config.horizon_s, or config.horizon_after_last_arrival_s after the
-    workload's last arrival (a load sets the arrival span, so a fixed horizon would cut a different share of the
-    run on another machine), the earlier of the two when both are set; None: when every request has finished."""
-    ends = [cfg.get("horizon_s")]
-    if cfg.get("horizon_after_last_arrival_s") is not None and workload:
-        ends.append(max(r.arrival_time for r in workload) + cfg.horizon_after_last_arrival_s)
-    ends = [e for e in ends if e is not None]
-    return min(ends) if ends else None
 
 
 def run_comparison(cfg, *, workload=None, progress: bool = True, on_step: Callable | None = None) -> Comparison:
@@ -373,33 +325,43 @@ def run_comparison(cfg, *, workload=None, progress: bool = True, on_step: Callab
     `on_step(policy, Progress)` is called after every engine step (tests use it to inject an interrupt).
     With config.repeats > 1 every policy runs that many times, interleaved, on each of config.seeds workload seeds
     (see `comp.repeats`: run i of every policy had the same workload). With config.workload.load the capacity is
-    measured first (`apply_load`) and `workload`, if given, holds the requests (their arrival times unused)."""
+    measured first (`measure_capacity`) and `workload`, if given, holds the requests (their arrival times unused)."""
     from cbjax.bench.workload import make_workload
 
-    capacity, load = None, load_of(cfg)
-    if load is not None:
+    capacity, load, rate = None, load_of(cfg), None
+    if load is not None:  # the requests are the load's; their arrival times follow the measured capacity
         requests = workload if workload is not None else make_workload(workload_config(cfg, offline=True))
-        cfg, workload, capacity = apply_load(cfg, requests, progress=progress)
-    seeds = cfg.get("seeds", 1)
-    workloads = [
-        workload if workload is not None and s == 0 else make_workload(workload_config(cfg, seed_offset=s))
-        for s in range(seeds)
-    ]
+        capacity = measure_capacity(cfg, requests, progress=progress)
+        rate, workload = capacity.rate_at(load), None
+    workloads = workloads_at(cfg, seeds=cfg.get("seeds", 1), request_rate=rate, first=workload)
     comp = Comparison({}, {}, len(workloads[0]), capacity=capacity, load=load)
-    step_cost_s = cfg.step_cost_ms / 1e3 if cfg.step_cost_ms > 0 else None  # None: measured
     with CtrlC("stopping at the next step, then writing what was measured") as ctrl_c:
         try:
-            for run in range(cfg.get("repeats", 1) * seeds):
+            for run in range(cfg.get("repeats", 1) * len(workloads)):
                 # Interleaved: each run goes through every policy once, starting one entry later than the run before,
                 # so a slow minute of the machine falls on all of them and no policy always runs first.
                 k = run % len(cfg.policies)
-                wl = workloads[run % seeds]
+                wl = workloads[run % len(workloads)]
                 for name in cfg.policies[k:] + cfg.policies[:k]:
-                    if not _run_entry(cfg, comp, name, run, wl, step_cost_s, ctrl_c, progress, on_step):
+                    if not _run_entry(cfg, comp, name, run, wl, ctrl_c, progress, on_step):
                         return comp
         except KeyboardInterrupt:  # a second Ctrl-C: keep the policies already measured
             comp.interrupted = True
     return comp
+
+
+def run_summaries(cfg, comp: Comparison, name: str) -> list[dict[str, Any]]:
+    """cbjax.bench.metrics.summarize of each run of entry `name` that every policy completed, plus its run facts."""
+    from cbjax.bench.metrics import summarize
+
+    slo = {k: v for k, v in cfg.slo.to_dict().items() if v is not None}
+    out = []
+    for res in comp.repeats.get(name, [comp.results[name]])[: max(comp.num_repeats, 1)]:
+        s = summarize(res.requests, res.steps, slo=slo)
+        s.update(interrupted=res.interrupted, num_not_arrived=res.num_not_arrived, wall_s=res.wall_s,
+                 warmup_s=comp.engines[name]["warmup_s"])  # fmt: skip
+        out.append(s)
+    return out
 
 
 def summaries_of(cfg, comp: Comparison) -> dict[str, dict[str, Any]]:
@@ -407,25 +369,11 @@ def summaries_of(cfg, comp: Comparison) -> dict[str, dict[str, Any]]:
     With several repeats, the metrics of INTERVAL_METRICS are medians over the repeats that every policy completed,
     with 95% intervals and, given config.baseline, paired ratios to the baseline (cbjax/bench/intervals.py)."""
     from cbjax.bench.intervals import summarize_repeats
-    from cbjax.bench.metrics import summarize
 
-    slo = {k: v for k, v in cfg.slo.to_dict().items() if v is not None}
-
-    def summary(name, res):
-        s = summarize(res.requests, res.steps, slo=slo)
-        s.update(
-            interrupted=res.interrupted,
-            num_not_arrived=res.num_not_arrived,
-            wall_s=res.wall_s,
-            warmup_s=comp.engines[name]["warmup_s"],
-        )
-        return s
-
-    n = comp.num_repeats
-    if n < 2:
-        out = {name: summary(name, res) for name, res in comp.results.items()}
+    if comp.num_repeats < 2:
+        out = {name: run_summaries(cfg, comp, name)[0] for name in comp.results}
     else:
-        runs = {name: [summary(name, r) for r in comp.repeats[name][:n]] for name in comp.results}
+        runs = {name: run_summaries(cfg, comp, name) for name in comp.results}
         baseline = runs.get(cfg.get("baseline"))
         out = {name: summarize_repeats(r, INTERVAL_METRICS, baseline) for name, r in runs.items()}
     base = out.get("static", {}).get("output_throughput", math.nan)
@@ -468,6 +416,31 @@ def write_results(comp: Comparison, summaries, folder: str, start_time: datetime
     return plots.plot_all(folder, summaries, comp.results) if comp.results else []
 
 
+def write_doc_data_of(cfg, comp: Comparison, path: str, argv: list[str], load_average_before) -> None:
+    """config.doc_data: a data file for the docs (cbjax/bench/doc_data.py): one run per (policy, run) with every
+    metric of its summary, the run's workload seed, the load and the resolved config; the docs' tables are made
+    from it by `python -m experiments.doc_tables`."""
+    from cbjax.bench.doc_data import write_doc_data
+
+    seeds = cfg.get("seeds", 1)
+    runs = [
+        {"policy": name, "run": i + 1, "seed": cfg.workload.seed + i % seeds, **summary}
+        for name in comp.results
+        for i, summary in enumerate(run_summaries(cfg, comp, name))
+    ]
+    write_doc_data(
+        path,
+        command=" ".join(["python -m experiments.compare_policies", *argv[1:]]),
+        runs=runs,
+        load=None if comp.capacity is None else comp.capacity.to_dict(comp.load),
+        interrupted=comp.interrupted,
+        load_average_before=load_average_before,
+        load_average_after=list(os.getloadavg()),
+        config=cfg.to_dict(),
+    )
+    print(f"data for the docs: {path}")
+
+
 def _unloadable(e: OSError) -> ValueError:
     # ml_collections lists every path it tried; the last line says why the file could not be loaded.
     reason = [line.strip() for line in str(e).splitlines() if line.strip()][-1]
@@ -506,6 +479,7 @@ def main(argv):
     if os.path.basename(folder) != cfg.run_name:
         print(f"{os.path.join(cfg.output_dir, cfg.run_name)} holds an earlier run: writing to {folder} instead")
     results.write_config(os.path.join(folder, "config.json"), cfg)
+    load_average_before = list(os.getloadavg())
     comp = run_comparison(cfg, workload=workload)
     with CtrlC("writing what was measured first"):
         summaries = summaries_of(cfg, comp)
@@ -517,6 +491,8 @@ def main(argv):
             if line is not None:
                 print(line)
         write_results(comp, summaries, folder, start_time)
+        if cfg.get("doc_data") and comp.results:
+            write_doc_data_of(cfg, comp, cfg.doc_data, sys.argv, load_average_before)
     if comp.interrupted:
         print(f"interrupted: {len(comp.results)} of {len(cfg.policies)} policies measured (the last one partly)")
     print(f"results: {folder}")

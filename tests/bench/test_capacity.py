@@ -90,6 +90,18 @@ def test_the_harness_sets_the_rate_from_the_capacity_it_measured(runner, tmp_pat
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["load"]["load"] == 0.5 and manifest["load"]["request_rate"] == pytest.approx(rate)
     assert manifest["load"]["capacity_request_rate"] == cap.request_rate
+    # --config.doc_data: the same run as a data file the docs' tables are made from, every run raw
+    from cbjax.bench.doc_data import read_doc_data
+    from experiments.doc_views import VIEWS
+
+    cp.write_doc_data_of(cfg, comp, str(tmp_path / "doc.json"), ["prog", "--config.workload.load=0.5"], [0.0] * 3)
+    data = read_doc_data(str(tmp_path / "doc.json"))
+    assert data["command"] == "python -m experiments.compare_policies --config.workload.load=0.5"
+    assert data["load"]["request_rate"] == pytest.approx(rate) and data["config"]["workload"]["load"] == 0.5
+    (run,) = data["runs"]
+    assert run["policy"] == "fcfs" and run["run"] == 1 and run["seed"] == cfg.workload.seed
+    assert run["output_throughput"] == pytest.approx(summaries["fcfs"]["output_throughput"])
+    assert "| fcfs |" in VIEWS["medians"](data, by=["policy"], columns=["output_throughput"])
 
 
 def test_a_horizon_can_follow_the_last_arrival():

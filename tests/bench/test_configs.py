@@ -14,7 +14,8 @@ from cbjax.bench.workload import make_workload
 from cbjax.core.policy_zoo import POLICIES
 from cbjax.engine import EngineConfig
 from cbjax.model.config import get_model_config
-from experiments.compare_policies import DATA_PARALLEL_OPTIONS, load_of, resolve_config, workload_config
+from experiments.compare_policies import DATA_PARALLEL_OPTIONS, resolve_config
+from experiments.load_harness import load_of, workload_config
 from tests.helpers import ROOT
 from tests.helpers import parse_config as parse
 

@@ -96,18 +96,26 @@ def get_config() -> ml_collections.ConfigDict:
 
     # Workload: the fields of cbjax.bench.workload.make_workload.
     w = c.workload = ml_collections.ConfigDict()
-    w.kind = "mixed"  # synthetic | mixed (chat/RAG/code) | shared_prefix | jsonl | sharegpt | peers_json
+    # synthetic | mixed (chat/RAG/code) | shared_prefix | jsonl | sharegpt | peers_json | azure_llm | burstgpt
+    w.kind = "mixed"
     w.num_requests = 300  # requests (for files: the first N; None: all)
     w.seed = 0  # the same requests for every policy
-    w.arrival = "poisson"  # offline (all at t=0) | poisson | gamma | trace
-    # Requests per second (poisson, gamma), an absolute rate: what regime it makes depends on the machine.
+    w.arrival = "poisson"  # offline (all at t=0) | poisson | gamma | weibull | trace
+    # Requests per second (poisson, gamma, weibull), an absolute rate: what regime it makes depends on the machine.
     w.request_rate = config_dict.FieldReference(36.0, field_type=float)  # (None allowed: see load)
-    # Or the rate as a load (poisson, gamma; request_rate None): that fraction of the capacity of `capacity.policy`,
-    # measured offline on these requests, on the same engine, before the runs (cbjax/bench/capacity.py). < 1: that
-    # policy keeps up; > 1: its queue grows to the end. The capacity and the rate go in the manifest and the header.
+    # Or the rate as a load (poisson, gamma, weibull; a replayed trace through trace_rate): that fraction of the
+    # capacity of `capacity.policy`, measured offline on these requests, on the same engine, before the runs
+    # (cbjax/bench/capacity.py). < 1: that policy keeps up; > 1: its queue grows to the end. The capacity and the
+    # rate go in the manifest and the header.
     w.load = config_dict.placeholder(float)
-    w.burstiness = 1.0  # gamma shape: < 1 burstier, 1 = poisson
-    w.scale = 0.125  # multiplies every generated length (the mix is sized for a GPU)
+    w.burstiness = 1.0  # gamma or weibull shape: < 1 burstier, 1 = poisson
+    # poisson/gamma/weibull: a cycling rate, request_rate * (1 + amplitude * sin(2 pi t / period))
+    w.diurnal_period_s = config_dict.placeholder(float)
+    w.diurnal_amplitude = 0.0
+    w.trace_rate = config_dict.placeholder(float)  # arrival=trace: replay compressed/stretched to this mean rate
+    w.trace_models = config_dict.placeholder(str)  # burstgpt: keep these models' rows (comma-separated)
+    w.trace_log_types = config_dict.placeholder(str)  # burstgpt: keep these log types' rows (comma-separated)
+    w.scale = 0.125  # multiplies every generated length, and a production trace's (sized for a GPU)
     w.vocab_size = config_dict.placeholder(int)  # token ids below this; None: the model's vocabulary
     w.low_id = 3  # smallest generated token id (0..2 are pad/bos/eos)
     w.prompt_len = config_dict.placeholder(int)  # synthetic/shared_prefix: prompt tokens (an int = fixed)
@@ -115,7 +123,7 @@ def get_config() -> ml_collections.ConfigDict:
     w.num_prefixes = config_dict.placeholder(int)  # shared_prefix: distinct system prompts
     w.prefix_len = config_dict.placeholder(int)  # shared_prefix: tokens per system prompt
     w.tenant_per_prefix = False  # shared_prefix: one tenant per system prompt
-    w.path = config_dict.placeholder(str)  # workload file (jsonl, sharegpt, peers_json) or arrival trace
+    w.path = config_dict.placeholder(str)  # workload file (jsonl, sharegpt, peers_json, azure_llm, burstgpt) or times
     w.max_model_len = config_dict.placeholder(int)  # clip prompt + output to this; None: engine.max_model_len
     w.long_threshold = 1024  # unlabelled requests are "long" above this many prompt + output tokens
     w.deadline_s = config_dict.placeholder(float)  # optional per-request deadline after arrival

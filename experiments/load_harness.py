@@ -29,16 +29,21 @@ def capacity_runs(cfg) -> int:
 
 def workload_config(cfg, *, seed_offset: int = 0, offline: bool = False, request_rate: float | None = None):
     """The fields of cbjax.bench.workload.make_workload from config.workload: its seed moved by `seed_offset`,
-    without `load` (the harness's: `request_rate` passes the rate it resolved to); `offline`: all at t=0."""
+    without `load` (the harness's: `request_rate` passes the rate it resolved to, a replayed trace's trace_rate);
+    `offline`: all at t=0."""
     w = cfg.workload.copy_and_resolve_references()
     with w.unlocked():
         w.seed = cfg.workload.seed + seed_offset
         if "load" in w:
             del w["load"]
-        if request_rate is not None:
+        if request_rate is not None and w.get("arrival") == "trace":
+            w.trace_rate = request_rate  # the trace's own bursts, compressed or stretched to the rate
+        elif request_rate is not None:
             w.request_rate = request_rate
         if offline:
             w.arrival, w.request_rate = "offline", None
+            if "trace_rate" in w:
+                w.trace_rate = None
     return w
 
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from cbjax.bench.requests import WorkloadRequest
 
-LOAD_ARRIVALS = ("poisson", "gamma")  # arrival processes whose rate a load can set
+LOAD_ARRIVALS = ("poisson", "gamma", "weibull", "trace")  # arrivals whose rate a load can set (a trace: trace_rate)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +89,8 @@ def offline(workload: Sequence[WorkloadRequest]) -> list[WorkloadRequest]:
 def check_load(load, arrival: str) -> float | None:
     """`workload.load` checked against the workload's arrival process: None or 0 for no load (the workload's
     request_rate is absolute; 0 because a command line cannot set a float field to None), else a finite number > 0
-    with a Poisson or gamma arrival. A load, when given, sets the rate: the workload's own request_rate is unused."""
+    with an arrival of LOAD_ARRIVALS. A load, when given, sets the rate: the workload's own request_rate is unused
+    (for a replayed trace, its trace_rate: the trace is compressed or stretched to that mean rate)."""
     if load is None or (load == 0 and not isinstance(load, bool)):
         return None
     if isinstance(load, bool) or not isinstance(load, int | float) or not math.isfinite(load) or load <= 0:

@@ -5,8 +5,9 @@ Everything in cbjax.bench is pure Python + numpy (no jax), so experiments and te
 A workload is a list of `WorkloadRequest` (cbjax.bench.requests), sorted by `arrival_time` (seconds from the start
 of the run). `make_workload` is the one entry point an experiment needs; the pieces it is built from are public
 so tests and notebooks can use them directly: `LengthSpec` (lengths.py), `arrival_times` (arrivals.py),
-`synthetic_workload`, `mixed_workload`, `shared_prefix_workload` (generators.py), and the file loaders and writers
-for JSONL traces, ShareGPT and the peers' JSON (trace_files.py).
+`synthetic_workload`, `mixed_workload`, `shared_prefix_workload` (generators.py), the file loaders and writers
+for JSONL traces, ShareGPT and the peers' JSON (trace_files.py), and the production traces' loaders
+(production_traces.py: the Azure LLM inference traces, BurstGPT).
 
 Determinism: every random choice comes from a numpy `Generator` derived from `(seed, stream)`, with one
 independent stream per concern (arrivals, prompt lengths, output lengths, token ids, ...). So changing the
@@ -16,20 +17,28 @@ request-rate sweep compares policies on the *same* requests, only arriving at di
 Config fields read by `make_workload` (a dict, an ml_collections ConfigDict or any object with attributes;
 a field that is missing or None takes its default; an unknown field is an error, to catch typos):
 
-  kind            "synthetic" | "mixed" | "shared_prefix" | "jsonl" | "sharegpt" | "peers_json"   (required)
+  kind            "synthetic" | "mixed" | "shared_prefix" | "jsonl" | "sharegpt" | "peers_json" | "azure_llm" |
+                  "burstgpt"   (required; the last two: production traces' CSV files, production_traces.py)
   num_requests    int >= 1; required for generated kinds; for files, None means every request in the file
   seed            int >= 0, default 0
-  arrival         "offline" (all at t=0) | "poisson" | "gamma" | "trace"; default "trace" for jsonl, else
-                  "offline". "trace" takes arrival times from `path` (for generated kinds `path` is a JSONL
-                  file of times: each line a number or an object with `arrival_time`/`timestamp`)
-  request_rate    requests/s for poisson and gamma (inf means offline)
-  burstiness      gamma shape, default 1.0 (== poisson); < 1 is burstier, > 1 more regular
+  arrival         "offline" (all at t=0) | "poisson" | "gamma" | "weibull" | "trace"; default "trace" for the
+                  files that hold times (jsonl, azure_llm, burstgpt), else "offline". "trace" takes arrival times
+                  from `path` (for generated kinds `path` is a JSONL file of times: each line a number or an object
+                  with `arrival_time`/`timestamp`)
+  request_rate    requests/s for poisson, gamma and weibull (inf means offline)
+  burstiness      gamma or weibull shape, default 1.0 (== poisson); < 1 is burstier, > 1 more regular
+  diurnal_period_s, diurnal_amplitude   poisson/gamma/weibull: the rate cycles as
+                  request_rate * (1 + amplitude * sin(2 pi t / period)), amplitude in [0, 1) (arrivals.py)
+  trace_rate      arrival="trace": replay the trace compressed or stretched in time to this mean rate (requests/s;
+                  the same bursts at another load); None: the trace's own clock
+  trace_models, trace_log_types   burstgpt: keep only rows of these models / log types (comma-separated or a list)
   vocab_size      token ids are drawn from [low_id, vocab_size); default 32000. For files, ids must be below it
   low_id          smallest generated token id, default 3 (0..2 are pad/bos/eos in the project's models)
   prompt_len      length spec (see `LengthSpec`; a bare int means fixed); synthetic: the prompt,
                   shared_prefix: the unique suffix after the shared prefix
   output_len      length spec for max_tokens
-  scale           multiplies every generated length (default 1.0), to shrink a workload onto a CPU
+  scale           multiplies every generated length (default 1.0), to shrink a workload onto a CPU; also the
+                  lengths of the production traces (azure_llm, burstgpt)
   num_prefixes    shared_prefix: number of distinct system prompts (default 4)
   prefix_len      shared_prefix: tokens in each system prompt (required for shared_prefix)
   tenant_per_prefix  shared_prefix: tenant = "prefix-<k>" (default False: every request is tenant "default")
@@ -47,10 +56,11 @@ import dataclasses
 import os
 from typing import Any
 
-from cbjax.bench.arrivals import ARRIVALS, arrival_times
+from cbjax.bench.arrivals import ARRIVALS, RANDOM_ARRIVALS, arrival_times, at_mean_rate, check_diurnal
 from cbjax.bench.fields import as_choice, as_float, as_int, check_fields, get_field
 from cbjax.bench.generators import mixed_workload, shared_prefix_workload, synthetic_workload
 from cbjax.bench.lengths import LengthSpec
+from cbjax.bench.production_traces import load_azure_llm_trace, load_burstgpt
 from cbjax.bench.requests import (
     DEFAULT_LONG_THRESHOLD,
     DEFAULT_LOW_ID,
@@ -63,7 +73,7 @@ from cbjax.bench.requests import (
 )
 from cbjax.bench.trace_files import load_arrival_times, load_jsonl, load_peers_json, load_sharegpt
 
-KINDS = ("synthetic", "mixed", "shared_prefix", "jsonl", "sharegpt", "peers_json")
+KINDS = ("synthetic", "mixed", "shared_prefix", "jsonl", "sharegpt", "peers_json", "azure_llm", "burstgpt")
 
 
 def clip_to_max_model_len(req: WorkloadRequest, max_model_len: int) -> WorkloadRequest:
@@ -92,6 +102,11 @@ _CONFIG_FIELDS = (
     "arrival",
     "request_rate",
     "burstiness",
+    "diurnal_period_s",
+    "diurnal_amplitude",
+    "trace_rate",
+    "trace_models",
+    "trace_log_types",
     "vocab_size",
     "low_id",
     "prompt_len",
@@ -107,6 +122,8 @@ _CONFIG_FIELDS = (
     "tenant_priority",
 )
 _GENERATED = ("synthetic", "mixed", "shared_prefix")
+_TIMED_FILES = ("jsonl", "azure_llm", "burstgpt")  # files whose requests carry their own arrival times
+_PRODUCTION = ("azure_llm", "burstgpt")  # lengths without text: random ids, `scale` applies
 
 
 def make_workload(cfg: Any, *, tokenize: Tokenize | None = None) -> list[WorkloadRequest]:
@@ -124,7 +141,7 @@ def make_workload(cfg: Any, *, tokenize: Tokenize | None = None) -> list[Workloa
     seed = as_int(get_field(cfg, "seed", 0), "seed", minimum=0)
     n = get_field(cfg, "num_requests")
     n = None if n is None else as_int(n, "num_requests", minimum=1)
-    arrival = as_choice(get_field(cfg, "arrival", "trace" if kind == "jsonl" else "offline"), "arrival", ARRIVALS)
+    arrival = as_choice(get_field(cfg, "arrival", "trace" if kind in _TIMED_FILES else "offline"), "arrival", ARRIVALS)
     vocab_size, low_id = check_vocab(
         get_field(cfg, "vocab_size", DEFAULT_VOCAB_SIZE), get_field(cfg, "low_id", DEFAULT_LOW_ID)
     )
@@ -138,19 +155,30 @@ def make_workload(cfg: Any, *, tokenize: Tokenize | None = None) -> list[Workloa
     if deadline_s is not None:
         deadline_s = as_float(deadline_s, "deadline_s", positive=True)
     # Validate the arrival parameters up front, so a bad rate fails before any file is read.
-    if arrival in ("poisson", "gamma"):
+    if arrival in RANDOM_ARRIVALS:
         if get_field(cfg, "request_rate") is None:
             raise ValueError(f"request_rate is required for arrival={arrival!r}")
         as_float(get_field(cfg, "request_rate"), "request_rate", positive=True, allow_inf=True)
         as_float(get_field(cfg, "burstiness", 1.0), "burstiness", positive=True)
+    diurnal = check_diurnal(get_field(cfg, "diurnal_period_s"), get_field(cfg, "diurnal_amplitude", 0.0))
+    if diurnal[0] is not None and arrival not in RANDOM_ARRIVALS:
+        raise ValueError(f"a diurnal cycle modulates a rate: it needs arrival in {RANDOM_ARRIVALS}, got {arrival!r}")
+    trace_rate = get_field(cfg, "trace_rate")
+    if trace_rate is not None:
+        if arrival != "trace":
+            raise ValueError(f"trace_rate rescales a replayed trace: it needs arrival='trace', got {arrival!r}")
+        trace_rate = as_float(trace_rate, "trace_rate", positive=True)
     if arrival == "trace" and kind in ("sharegpt", "peers_json"):
         raise ValueError(f"arrival='trace' is not available for kind={kind!r}: its file holds no arrival times")
     if (kind not in _GENERATED or arrival == "trace") and path is None:
         raise ValueError(
             f"path is required for kind={kind!r}" + (" with arrival='trace'" if kind in _GENERATED else "")
         )
-    if kind not in _GENERATED and scale != 1.0:
-        raise ValueError(f"scale applies to generated workloads only, not kind={kind!r}")
+    if kind not in _GENERATED + _PRODUCTION and scale != 1.0:
+        raise ValueError(f"scale applies to generated workloads and production traces only, not kind={kind!r}")
+    filters = {f: _names(get_field(cfg, f), f) for f in ("trace_models", "trace_log_types")}
+    if kind != "burstgpt" and any(v is not None for v in filters.values()):
+        raise ValueError(f"trace_models and trace_log_types filter BurstGPT rows only, not kind={kind!r}")
 
     if kind in _GENERATED:
         if n is None:
@@ -192,6 +220,15 @@ def make_workload(cfg: Any, *, tokenize: Tokenize | None = None) -> list[Workloa
                 require_arrival=arrival == "trace",
                 long_threshold=long_threshold,
             )
+        elif kind in _PRODUCTION:
+            common = dict(num_requests=n, seed=seed, scale=scale, vocab_size=vocab_size, low_id=low_id,
+                          long_threshold=long_threshold)  # fmt: skip
+            if kind == "azure_llm":
+                reqs = load_azure_llm_trace(path, **common)
+            else:
+                reqs = load_burstgpt(
+                    path, models=filters["trace_models"], log_types=filters["trace_log_types"], **common
+                )
         elif kind == "sharegpt":
             reqs = load_sharegpt(
                 path, tokenize=tokenize, vocab_size=vocab_size, low_id=low_id, seed=seed, long_threshold=long_threshold
@@ -204,7 +241,7 @@ def make_workload(cfg: Any, *, tokenize: Tokenize | None = None) -> list[Workloa
             reqs = reqs[:n]
         n = len(reqs)
 
-    if arrival == "trace" and kind == "jsonl":
+    if arrival == "trace" and kind in _TIMED_FILES:
         # Replay the file's own clock, shifted so that the first arrival is at 0.
         offset = min((r.arrival_time for r in reqs), default=0.0)
         times = [r.arrival_time - offset for r in reqs]
@@ -217,7 +254,11 @@ def make_workload(cfg: Any, *, tokenize: Tokenize | None = None) -> list[Workloa
             rng=rng_for(seed, Stream.ARRIVAL),
             request_rate=get_field(cfg, "request_rate"),
             burstiness=get_field(cfg, "burstiness", 1.0),
+            diurnal_period_s=diurnal[0],
+            diurnal_amplitude=diurnal[1],
         ).tolist()
+    if trace_rate is not None:
+        times = at_mean_rate(times, trace_rate).tolist()
     # A deadline read from a file keeps its slack (deadline - arrival) when the arrival time moves.
     reqs = [
         dataclasses.replace(
@@ -240,6 +281,17 @@ def make_workload(cfg: Any, *, tokenize: Tokenize | None = None) -> list[Workloa
         ]
     reqs.sort(key=lambda r: r.arrival_time)  # stable: ties keep their generation / file order
     return reqs
+
+
+def _names(value: Any, name: str) -> tuple[str, ...] | None:
+    """A filter's values: None, a comma-separated string or a sequence of strings."""
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = tuple(str(v).strip() for v in items if str(v).strip())
+    if not names:
+        raise ValueError(f"{name} is empty: give at least one value, or None to keep every row")
+    return names
 
 
 def _required_spec(cfg: Any, name: str, kind: str) -> LengthSpec:

@@ -4,6 +4,7 @@ from a capacity measured before the runs."""
 import datetime
 import json
 import math
+import os
 
 import pytest
 
@@ -60,7 +61,24 @@ def test_a_load_needs_a_rated_arrival_process():
     with pytest.raises(ValueError, match="arrival"):
         check_load(0.8, "offline")
     with pytest.raises(ValueError, match="arrival"):
-        cp.resolve_config(parse([f"--config={TINY}", "--config.workload.load=0.8", "--config.workload.arrival=trace"]))
+        cp.resolve_config(
+            parse([f"--config={TINY}", "--config.workload.load=0.8", "--config.workload.arrival=offline"])
+        )
+
+
+def test_a_load_replays_a_trace_at_that_share_of_the_capacity():
+    # A production trace's own bursts, compressed to load x capacity (workload.trace_rate), on a virtual clock.
+    trace = os.path.join(os.path.dirname(__file__), "data", "burstgpt_sample.csv")
+    argv = [f"--config={TINY}", "--config.workload.kind=burstgpt", f"--config.workload.path={trace}",
+            "--config.workload.num_requests=5", "--config.workload.arrival=trace", "--config.workload.load=0.5",
+            "--config.policies=fcfs"]  # fmt: skip
+    cfg, requests = cp.prepare_run(parse(argv))
+    assert all(r.arrival_time == 0.0 for r in requests)
+    comp = cp.run_comparison(cfg, workload=requests, progress=False)
+    times = sorted(r.arrival_time for r in comp.results["fcfs"].requests)
+    own = [0.0, 113.0, 129.0, 135.0, 136.5]  # the trace's clock (tests/bench/test_production_traces.py)
+    rate = 0.5 * comp.capacity.request_rate
+    assert times == pytest.approx([t * (4 / 136.5) / rate for t in own])
 
 
 def test_an_unknown_reference_policy_fails_before_any_run():

@@ -380,7 +380,7 @@ def test_arrival_trace_for_generated_workload(tmp_path):
         (dict(kind="shared_prefix", prefix_len=4, num_prefixes=0), "num_prefixes must be >= 1"),
         (dict(kind="jsonl", path=None), "path is required for kind='jsonl'"),
         (dict(kind="sharegpt", path="x.json", arrival="trace"), "arrival='trace' is not available"),
-        (dict(kind="peers_json", path="x.json", scale=0.5), "scale applies to generated workloads only"),
+        (dict(kind="peers_json", path="x.json", scale=0.5), "scale applies to generated workloads and production"),
     ],
 )
 def test_invalid_config_names_the_field(override, message):

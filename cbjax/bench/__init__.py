@@ -2,9 +2,10 @@
 
 requests.py     WorkloadRequest, length classes, default vocabulary bounds, seeded random streams
 lengths.py      LengthSpec: fixed / uniform / lognormal token counts
-arrivals.py     arrival processes (offline, Poisson, gamma, trace replay)
+arrivals.py     arrival processes (offline, Poisson, gamma, Weibull, a diurnal cycle, trace replay at any rate)
 generators.py   synthetic, the chat/RAG/code mix, shared system prompts
 trace_files.py  loaders and writers: JSONL traces, ShareGPT, the peers' JSON
+production_traces.py  the Azure LLM inference traces' and BurstGPT's CSV files as workloads
 workload.py     make_workload(cfg): the entry point experiments use
 fields.py       reading and checking config fields
 online.py       the online loop: requests join a running engine as the clock reaches them

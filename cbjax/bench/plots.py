@@ -72,19 +72,22 @@ LOAD_CURVES = (
 )
 
 
-def plot_load_curves(path: str, rows: Sequence[Mapping[str, Any]]) -> str:
-    """Latency (and throughput) against the offered request rate, one line per policy. `rows` hold "rate",
-    "policy" and the summary keys of LOAD_CURVES."""
+def plot_load_curves(path: str, rows: Sequence[Mapping[str, Any]], curves=LOAD_CURVES) -> str:
+    """Figures against the offered request rate, one line per policy, one panel per (summary key, title) of
+    `curves` (latency and throughput by default; latencies on a log scale). `rows` hold "rate", "policy" and the
+    keys."""
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(LOAD_CURVES), figsize=(4 * len(LOAD_CURVES), 3.4))
+    fig, axes = plt.subplots(1, len(curves), figsize=(4 * len(curves), 3.4), squeeze=False)
+    axes = axes[0]
     policies = list(dict.fromkeys(r["policy"] for r in rows))
-    for ax, (key, label) in zip(axes, LOAD_CURVES):
+    for ax, (key, label) in zip(axes, curves):
         for i, policy in enumerate(policies):
             pts = sorted((r["rate"], r.get(key)) for r in rows if r["policy"] == policy)
-            ax.plot([x for x, _ in pts], [_finite(y) for _, y in pts], "o-", color=f"C{i}", label=policy)
+            color = f"C{i}" if len(policies) <= 10 else plt.get_cmap("tab20")(i % 20)  # the zoo has 13
+            ax.plot([x for x, _ in pts], [_finite(y) for _, y in pts], "o-", color=color, label=policy)
         ax.set_xlabel("offered load (requests/s)")
         ax.set_title(label)
-        if key != "output_throughput":
+        if "_ms_" in key:
             ax.set_yscale("log")
     axes[0].legend(fontsize=8)
     fig.tight_layout()

@@ -10,20 +10,32 @@ requested once more, not streamed: every stream's tokens and text must equal tha
 lost, duplicated or reordered; seeded sampling does not depend on the batch). A 429 is counted, by design; any
 other failure is an error. Every `--sample_s` it reads /metrics: the server's RSS, KV pages used, running and
 waiting requests. At the end it waits for the server to go idle and checks that no KV page is still in use.
-Prints and writes (`--out`) one JSON summary.
+Prints and writes (`--out`) one JSON summary per round.
+
+`--rounds N` runs the whole test N times in a row against the same server; `--doc_data PATH` writes the docs' data
+file (cbjax/bench/doc_data.py): one run record per round (server, clients, round, every figure, the machine's load
+average before and after), with `--server_command` (how the server was started) recorded beside the command:
+
+  python -m experiments.serve_load --clients 256 --duration_s 60 --rounds 3 --doc_data docs/data/serve_load_DATE.json \
+      --server_command "python -m cbjax.serve --model tinypy ..."
 """
 
 import asyncio
 import contextlib
 import json
 import logging
+import os
 import random
 import re
+import shlex
 import statistics
+import sys
 import time
 
 import httpx
 from absl import app, flags
+
+from cbjax.bench.doc_data import write_doc_data
 
 _URL = flags.DEFINE_string("base_url", "http://127.0.0.1:8100", "the server")
 _MODEL = flags.DEFINE_string("model", "tinypy", "the model name the server serves")
@@ -34,7 +46,10 @@ _CASES = flags.DEFINE_integer("cases", 64, "distinct (prompt, max_tokens, temper
 _MAX_TOKENS = flags.DEFINE_list("max_tokens", ["8", "64"], "range of max_tokens per case")
 _SAMPLE = flags.DEFINE_float("sample_s", 5.0, "how often to read /metrics")
 _SEED = flags.DEFINE_integer("seed", 0, "the cases and the clients' waits")
-_OUT = flags.DEFINE_string("out", None, "write the JSON summary here")
+_OUT = flags.DEFINE_string("out", None, "write the JSON summary here (a list of them with --rounds > 1)")
+_ROUNDS = flags.DEFINE_integer("rounds", 1, "run the whole test this many times in a row, one summary each")
+_DOC_DATA = flags.DEFINE_string("doc_data", None, "write the docs' data file here: one run record per round")
+_SERVER_COMMAND = flags.DEFINE_string("server_command", "", "how the server was started, kept in the data file")
 
 PROMPTS = [
     "def fibonacci(n):",
@@ -192,19 +207,51 @@ async def run() -> dict:
         "pages_used_after": idle.get("pages_used"),
         "running_after": idle.get("running"),
         "rss_mb_first_last_max": [rss[0], rss[-1], max(rss)] if rss else None,
+        "rss_mb_before": before.get("rss_mb"),
+        **{
+            f"peak_{k}": max((s[k] for s in samples if k in s), default=None)
+            for k in ("running", "waiting", "pages_used")
+        },
         "samples": samples,
     }
+
+
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages (None where the OS has none): how busy the shared machine was."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def doc_record(summary: dict, round_: int, before, after) -> dict:
+    """One run of the data file: the labels (server, clients, round) and every figure of the summary."""
+    return {"server": "cbjax", "clients": summary["clients"], "round": round_, **summary,
+            "load_average_before": before, "load_average_after": after}  # fmt: skip
 
 
 def main(argv) -> None:
     del argv
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
-    summary = asyncio.run(run())
-    text = json.dumps(summary, indent=1)
-    print(text)
+    summaries, records = [], []
+    for i in range(_ROUNDS.value):
+        before = load_average()
+        summary = asyncio.run(run())
+        records.append(doc_record(summary, i + 1, before, load_average()))
+        summaries.append(summary)
+        print(json.dumps(summary, indent=1), flush=True)
     if _OUT.value:
         with open(_OUT.value, "w") as f:
-            f.write(text + "\n")
+            f.write(json.dumps(summaries[0] if len(summaries) == 1 else summaries, indent=1) + "\n")
+    if _DOC_DATA.value:
+        write_doc_data(
+            _DOC_DATA.value,
+            command="python -m experiments.serve_load " + shlex.join(sys.argv[1:]),
+            runs=records,
+            what=f"{_CLIENTS.value} streaming clients against one cbjax server, {_ROUNDS.value} rounds of "
+            f"{_DURATION.value:g} s in a row",
+            server_command=_SERVER_COMMAND.value,
+        )
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ LABELS.update({
     "load.load": ("load", "{:.2f}"),
     "load.capacity_request_rate": ("capacity req/s", "{:.1f}"),
     "load.request_rate": ("rate req/s", "{:.1f}"),
+    "request_rate": ("rate req/s", "{:g}"),
 })  # fmt: skip
 
 VIEWS: dict[str, Callable[..., str]] = {}
@@ -269,3 +270,38 @@ def fidelity_study_view(data) -> str:
     from experiments import fidelity_study
 
     return fidelity_study.report(data)
+
+
+@view("pivot")
+def pivot_view(
+    data,
+    row: str,
+    column_key: str,
+    value: str = "value",
+    rows: str | None = None,
+    where: Mapping | None = None,
+    labels: Mapping[str, str] | None = None,
+    formats: Mapping[str, str] | None = None,
+    corner: str = "",
+) -> str:
+    """One table row per value of `row` and one column per value of `column_key` (e.g. a measure per row, a model
+    per column), each cell the `value` of the records with both: one record shows its value, several their median
+    [interval]. `labels` names the rows (and orders them: the labelled first, in its order); `formats` gives a row's
+    format ({row value: "{:.3f}"})."""
+    labels, formats = dict(labels or {}), dict(formats or {})
+    recs = records(data, rows, where)
+    row_keys = list(dict.fromkeys([*(k for k in labels if any(lookup(r, row) == k for r in recs)),
+                                   *(lookup(r, row) for r in recs)]))  # fmt: skip
+    col_keys = list(dict.fromkeys(lookup(r, column_key) for r in recs))
+    body = []
+    for rk in row_keys:
+        line = [cell(labels.get(rk, rk))]
+        for ck in col_keys:
+            values = [lookup(r, value) for r in recs if lookup(r, row) == rk and lookup(r, column_key) == ck]
+            fmt = formats.get(rk, "{}")
+            if len(values) == 1:
+                line.append(cell(values[0], fmt))
+            else:
+                line.append(Column(value, "", fmt).interval(median_interval([_num(v) for v in values])))
+        body.append(line)
+    return markdown_table([corner, *(cell(c) for c in col_keys)], body)

@@ -92,6 +92,7 @@ def main(argv):
         origin=here,
         calibration_s=time.perf_counter() - t0,
         load_average_before=load_before,
+        load_average_after=list(os.getloadavg()),
         date=start.isoformat(timespec="seconds"),
         steps_per_sweep=counts,
         command="python -m experiments.calibrate " + " ".join(f"--{k}={v}" for k, v in sorted(flag_values().items())),

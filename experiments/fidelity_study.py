@@ -23,6 +23,7 @@ import datetime
 import json
 import math
 import os
+import statistics
 import sys
 import time
 
@@ -169,8 +170,11 @@ def load_cost(profile: str, model: str = "llama-tiny") -> tuple[object, dict]:
         engine = LLMEngine(model, clock=VirtualClock(), **options)
         cost = engine.runner.cost_model
         return cost, dict(path=AUTO_PROFILE, kind=cost.kind, meta=None, model=cost.to_dict())
+    from cbjax.sim.provenance import check_origin
+
     with open(profile) as f:
         d = json.load(f)
+    check_origin(profile, d)  # a profile from another machine or tree measures the fit's age, not the simulator
     return load_profile(profile), dict(path=profile, kind=d.get("kind"), meta=d.get("meta"))
 
 
@@ -208,6 +212,25 @@ def step_table(study: dict) -> str:
                      f"{_size(v['noise_median'])} ({_size(v['noise_mean'])})"]  # fmt: skip
             lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
+
+
+def run_bias_line(study: dict) -> str:
+    """Per workload, the bias of each real run on its own steps (min to max, median), and the widest spread between
+    the rounds of one policy: runs of one policy differ only by the machine's drift, which one profile cannot
+    follow."""
+    parts = []
+    for name, w in study["workloads"].items():
+        by_policy: dict[str, list[float]] = {}
+        for r in w["runs"]:
+            if _num(r["measured_s"]) > 0:
+                by_policy.setdefault(r["policy"], []).append(_num(r["predicted_s"]) / _num(r["measured_s"]) - 1)
+        b = sorted(x for v in by_policy.values() for x in v)
+        if b:
+            widest = max(by_policy, key=lambda p: max(by_policy[p]) - min(by_policy[p]))
+            spread = max(by_policy[widest]) - min(by_policy[widest])
+            parts.append(f"{name} {_pct(b[0])} to {_pct(b[-1])} (median {_pct(statistics.median(b))}, {len(b)} runs; "
+                         f"one policy's rounds up to {spread * 100:.0f} points apart, {widest})")  # fmt: skip
+    return "Bias per real run (the cost model on one run's steps): " + "; ".join(parts) + "."
 
 
 def metric_table(study: dict) -> str:
@@ -282,7 +305,8 @@ def verdict_lines(study: dict) -> list[str]:
 
 
 def report(study: dict) -> str:
-    return "\n\n".join([step_table(study), metric_table(study), ranking_table(study), "\n".join(verdict_lines(study))])
+    parts = [step_table(study), run_bias_line(study), metric_table(study), ranking_table(study)]
+    return "\n\n".join([*parts, "\n".join(verdict_lines(study))])
 
 
 def study_command(profile: str, *, output: str, repeats: int = 5, scale: float = 1.0, model: str = "llama-tiny",
@@ -313,12 +337,16 @@ def study_command(profile: str, *, output: str, repeats: int = 5, scale: float =
     return saved
 
 
+def default_output() -> str:
+    """docs/data/sim_fidelity_study_<today>.json."""
+    return f"docs/data/sim_fidelity_study_{datetime.date.today().isoformat()}.json"
+
+
 def define_flags() -> None:
-    """The command's flags, defined only when it runs as the program (experiments.sim_fidelity, which may call
+    """The command's flags, defined only when it runs as the program (experiments.sim_fidelity, which calls
     study_command, has flags of the same names)."""
     from absl import flags
 
-    today = datetime.date.today().isoformat()
     flags.DEFINE_string("profile", None, "cost-model profile (JSON, experiments/calibrate.py), or auto (cached)")
     flags.DEFINE_integer(
         "repeats",
@@ -328,7 +356,7 @@ def define_flags() -> None:
     flags.DEFINE_float("scale", 1.0, "multiplies the workload's number of requests")
     flags.DEFINE_string("model", "llama-tiny", "the model the profile was calibrated for")
     flags.DEFINE_list("policies", list(POLICIES), "policies compared (must include fcfs, the capacity's reference)")
-    flags.DEFINE_string("output", f"docs/data/sim_fidelity_study_{today}.json", "where the study's JSON goes")
+    flags.DEFINE_string("output", default_output(), "where the study's JSON goes")
     flags.DEFINE_string("steps_output", None, "a folder: every real run's steps as JSONL, one file per workload")
     flags.DEFINE_string("report", None, "print the tables of a saved study (its JSON) and exit")
 

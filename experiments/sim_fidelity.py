@@ -1,13 +1,20 @@
-"""How close the simulator comes to the real engine: the same workloads, on the real engine (llama-tiny, virtual
-clock advanced by each step's measured wall time, as configs/policy_zoo.py runs) and on the simulator with the
-calibrated profile; prints each metric's relative error (sim / real - 1) and writes them as JSON. "step times" is
-the cost model's error on the real run's own steps (sum predicted / sum measured - 1), before any feedback
-through the schedule.
+"""How close the simulator comes to the real engine. By default this runs the fidelity study (issue 35, point 3;
+experiments/fidelity_study.py): five policies on three held-out workloads (the chat/RAG/code mix offline, near
+saturation and in overload), five interleaved real rounds each, and the three targets: step-level bias within
+±5% on every workload, >= 90% of the simulated figures inside the real runs' 95% interval or within 10%, and
+every pair of policies the real runs separate ordered alike (Kendall's tau 1). It reports each target as met or
+missed by how much (docs/sim.md, "Fidelity against the real engine").
+
+  python -m experiments.sim_fidelity [--profile auto|PROFILE.json] [--repeats 5] [--output STUDY.json]
+  python -m experiments.sim_fidelity --report STUDY.json          # the tables and verdicts of a saved study
+
+The older per-case protocol (one policy per workload, each metric against the median of a few real runs, 10%
+per metric; its sittings are in docs/archive/sim-fidelity-history.md) is --mode=cases:
 
   python -m experiments.calibrate --model llama-tiny          # first, in the same sitting
-  python -m experiments.sim_fidelity --profile configs/profiles/llama-tiny-cpu.json [--cases mixed-fcfs,...]
-  python -m experiments.sim_fidelity --recalibrate [--calibration_scale 0.1]   # calibration rounds between real runs
-  python -m experiments.sim_fidelity --report results/sim_fidelity.json          # the tables of a saved run
+  python -m experiments.sim_fidelity --mode=cases --profile configs/profiles/llama-tiny-cpu.json [--cases ...]
+  python -m experiments.sim_fidelity --mode=cases --recalibrate [--calibration_scale 0.1]   # calibration rounds
+  python -m experiments.sim_fidelity --report results/sim_fidelity.json     # the tables of a saved per-case run
 
 On a shared machine the step times follow the other jobs' load, which moves within minutes. So each case's real
 engine runs `--real_repeats` times (a fresh engine each time): the spread of those runs is the floor under any
@@ -32,16 +39,23 @@ from absl import app, flags
 
 from cbjax.bench.results import cpu_model
 
-flags.DEFINE_string("profile", None, "cost-model profile (experiments/calibrate.py); not with --recalibrate")
+flags.DEFINE_enum("mode", "study", ["study", "cases"], "study: the fidelity study (its three targets); cases: the "
+                  "older per-case protocol")  # fmt: skip
+flags.DEFINE_string("profile", None, "cost-model profile (experiments/calibrate.py), or auto (study: the default); "
+                    "cases: not with --recalibrate")  # fmt: skip
+flags.DEFINE_integer("repeats", 5, "study: real rounds per workload, every policy once per round")
 flags.DEFINE_bool("recalibrate", False, "calibration rounds between the real runs, a profile per case")
 flags.DEFINE_float("calibration_scale", 0.1, "--recalibrate: each round's sweep scale (calibrate's --scale)")
 flags.DEFINE_integer("calibration_seed", 1234, "--recalibrate: the calibration sweep's seed (calibrate's --seed)")
 flags.DEFINE_string("model", "llama-tiny", "the model the profile was calibrated for")
-flags.DEFINE_integer("real_repeats", 3, "real runs per case (the real engine's own spread; the median is compared)")
-flags.DEFINE_list("cases", None, "cases to run (default: all of CASES)")
-flags.DEFINE_float("scale", 1.0, "multiplies each case's number of requests")
-flags.DEFINE_string("output", "results/sim_fidelity.json", "where the errors go (JSON)")
-flags.DEFINE_string("report", None, "print the tables of a saved run (its --output JSON) and exit")
+flags.DEFINE_integer(
+    "real_repeats", 3, "cases: real runs per case (the real engine's own spread; the median is compared)"
+)
+flags.DEFINE_list("cases", None, "cases: the cases to run (default: all of CASES)")
+flags.DEFINE_float("scale", 1.0, "multiplies the study's or each case's number of requests")
+flags.DEFINE_string("output", None, "where the results go (JSON; default: the study's docs/data/"
+                    "sim_fidelity_study_<date>.json, the cases' results/sim_fidelity.json)")  # fmt: skip
+flags.DEFINE_string("report", None, "print the tables of a saved study or per-case run (its JSON) and exit")
 flags.DEFINE_string("steps_output", None, "a folder: write every measured step (calibration, real run) as JSONL there")
 FLAGS = flags.FLAGS
 
@@ -300,15 +314,33 @@ def save_case_profile(case: str, cost) -> str:
 
 
 def main(argv):
+    import sys
+
+    from experiments import fidelity_study
+
+    if FLAGS.report:
+        with open(FLAGS.report) as f:
+            saved = json.load(f)
+        print(report(saved["cases"]) if "cases" in saved else fidelity_study.report(saved))
+        return
+    if FLAGS.mode == "cases":
+        return main_cases(argv)
+    if FLAGS.cases or FLAGS.recalibrate:
+        raise app.UsageError("--cases and --recalibrate belong to the per-case protocol: add --mode=cases")
+    output = FLAGS.output or fidelity_study.default_output()
+    fidelity_study.study_command(FLAGS.profile or "auto", output=output, repeats=FLAGS.repeats, scale=FLAGS.scale,
+                                 model=FLAGS.model, steps_output=FLAGS.steps_output, argv=sys.argv)  # fmt: skip
+
+
+def main_cases(argv):
+    """The per-case protocol (--mode=cases)."""
     del argv
     from cbjax.sim import CalibratedCost, read_profile
     from cbjax.sim.provenance import check_origin
     from experiments.measured_steps import write_steps
 
-    if FLAGS.report:
-        with open(FLAGS.report) as f:
-            print(report(json.load(f)["cases"]))
-        return
+    if not FLAGS.output:
+        FLAGS.output = "results/sim_fidelity.json"
     names = FLAGS.cases or list(CASES)
     unknown = sorted(set(names) - set(CASES))
     if unknown:

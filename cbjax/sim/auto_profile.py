@@ -14,8 +14,9 @@ measured time:
 
 Left out on purpose: the KV pool's size. A step reads only the pages in its page tables, and side-by-side timings
 of 1-2 sequence decode steps on a 1024-page and a 48-page engine differed by less than the machine's drift
-(docs/sim.md); the sweep needs room (189 decode sequences, full offline batches) that a small simulated pool would
-turn into thousands of preemptions. The calibration engine gets CALIBRATION_NUM_PAGES, as experiments/calibrate.py.
+(docs/sim.md); the sweep needs room (decode groups of up to 32 sequences of 512-token prompts, each group's
+sequences all at once; full offline batches) that a small simulated pool would turn into thousands of
+preemptions. The calibration engine gets CALIBRATION_NUM_PAGES, as experiments/calibrate.py.
 
 The cache: $CBJAX_SIM_PROFILE_CACHE if set, else $XDG_CACHE_HOME/cbjax/sim-profiles, else
 ~/.cache/cbjax/sim-profiles; one <key>.json per setup, an ordinary profile (load_profile reads it) whose meta

@@ -423,8 +423,9 @@ def write_doc_data_of(cfg, comp: Comparison, path: str, argv: list[str], load_av
     from cbjax.bench.doc_data import write_doc_data
 
     seeds = cfg.get("seeds", 1)
-    runs = [
-        {"policy": name, "run": i + 1, "seed": cfg.workload.seed + i % seeds, **summary}
+    load = None if comp.capacity is None else comp.capacity.to_dict(comp.load)
+    runs = [  # the load in every run too, so a table of runs can show it (columns "load.load", ...)
+        {"policy": name, "run": i + 1, "seed": cfg.workload.seed + i % seeds, "load": load, **summary}
         for name in comp.results
         for i, summary in enumerate(run_summaries(cfg, comp, name))
     ]
@@ -432,7 +433,7 @@ def write_doc_data_of(cfg, comp: Comparison, path: str, argv: list[str], load_av
         path,
         command=" ".join(["python -m experiments.compare_policies", *argv[1:]]),
         runs=runs,
-        load=None if comp.capacity is None else comp.capacity.to_dict(comp.load),
+        load=load,
         interrupted=comp.interrupted,
         load_average_before=load_average_before,
         load_average_after=list(os.getloadavg()),

@@ -1,7 +1,11 @@
 """The long/short stress test: the chat/RAG/code mix offline, static vs continuous batching; measures the
-continuous/static output-throughput ratio. About 3-4 minutes on 2 CPU cores (compiles included).
+continuous/static output-throughput ratio. About 3-4 minutes on 2 CPU cores with cold compiles; 75 s for three
+repeats with the compilation cache warm (2026-12-04).
 
   python -m experiments.compare_policies --config=configs/compare_mixed.py
+  # docs/experiments.md's tables: three interleaved repeats, ratios to static, a data file for the docs
+  python -m experiments.compare_policies --config=configs/compare_mixed.py --config.repeats=3 \
+      --config.baseline=static --config.doc_data=docs/data/compare_mixed_2026-12-04.json
 
 Offline (every request at t=0) so throughput is the engine's, not the arrival rate's. Every field not set here is
 base.py's (see the comments there).

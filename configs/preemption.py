@@ -1,6 +1,9 @@
 """Preemption by recompute vs swap, with a KV pool far too small for the load.
 
   python -m experiments.compare_policies --config=configs/preemption.py
+  # docs/experiments.md's table (under a minute): three interleaved repeats, ratios to recompute, a data file
+  python -m experiments.compare_policies --config=configs/preemption.py --config.repeats=3 \
+      --config.baseline=recompute --config.doc_data=docs/data/preemption_2026-12-04.json
 
 The chat/RAG/code mix offline (all at t=0) into 1024 KV tokens for 32 slots: sequences are preempted all the time.
 Both modes must finish every request with the same outputs; the table reports the recomputed tokens and the

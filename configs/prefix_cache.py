@@ -1,6 +1,9 @@
 """Prefix caching on a shared-system-prompt workload: the same engine with the cache off and on (and lpm order).
 
   python -m experiments.compare_policies --config=configs/prefix_cache.py
+  # docs/experiments.md's table (about 2 minutes): three interleaved repeats, ratios to cache_off, a data file
+  python -m experiments.compare_policies --config=configs/prefix_cache.py --config.repeats=3 \
+      --config.baseline=cache_off --config.doc_data=docs/data/prefix_cache_2026-12-04.json
 
 8 system prompts of 384 tokens, each request adds a 16-64 token question and asks for 32 tokens; Poisson arrivals
 at a rate the uncached engine barely keeps up with. A hit skips the prefill of the cached pages, so TTFT falls;

@@ -2,6 +2,9 @@
 prefix-affinity routing, each replica with its own prefix cache.
 
   python -m experiments.compare_policies --config=configs/routers.py
+  # docs/scale.md's table (about 2 minutes): three interleaved repeats, ratios to least_load, a data file
+  python -m experiments.compare_policies --config=configs/routers.py --config.repeats=3 \
+      --config.baseline=least_load --config.doc_data=docs/data/routers_2026-12-04.json
 
 The shared-prefix workload of prefix_cache.py (8 system prompts of 384 tokens, short questions, Poisson arrivals):
 prefix affinity sends prompts that start alike to the same replica, so each replica caches fewer distinct prefixes

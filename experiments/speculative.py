@@ -18,7 +18,8 @@ engine gets B slots and max(8, 2B) requests at once (offline); then an online ru
 Runs are interleaved (every method at a batch size, then again) and the medians of --repeats reported, with the
 ratios to `off` measured in the same sitting. Engines are built and warmed up before anything is timed.
 Also measures the n-gram proposer's cost per call on short and long contexts. "step ms": the median cost (device +
-host) of a plain decode step / of a verifying step. Writes --output (JSON).
+host) of a plain decode step / of a verifying step. Writes --output (JSON) and, with --doc_data=PATH, every raw
+run (batch, method, repeat, figures) as a docs data file (docs/speculative.md's table is generated from one).
 """
 
 import gc
@@ -32,25 +33,31 @@ import time
 import numpy as np
 from absl import app, flags
 
-flags.DEFINE_list("batch_sizes", ["1", "4", "16", "64"], "slots per engine (offline runs: max(8, 2x) requests)")
-flags.DEFINE_list(
-    "methods", ["off", "ngram", "draft", "adaptive", "draft_adaptive"], "speculation settings (see the docstring)"
-)
-flags.DEFINE_string("draft_model", "tinypy-draft", "the draft model of the draft methods")
-flags.DEFINE_integer("repeats", 3, "interleaved repeats; medians reported")
-flags.DEFINE_integer("prompt_len", 160, "prompt tokens")
-flags.DEFINE_integer("max_tokens", 64, "generated tokens per request")
-flags.DEFINE_integer("k", 4, "num_speculative_tokens")
-flags.DEFINE_float("online_rate", 16.0, "online run: Poisson arrivals per second (0: no online run)")
-flags.DEFINE_integer("online_requests", 96, "online run: requests")
-flags.DEFINE_integer("online_slots", 64, "online run: max_num_seqs")
-flags.DEFINE_string("model", "tinypy", "packaged model")
-flags.DEFINE_string("output", "results/speculative.json", "results file")
-flags.DEFINE_string("write_workload", None, "only write the code prompts as a JSONL workload to this file and exit")
 FLAGS = flags.FLAGS
 
 VAL_EVERY = 50  # experiments/train_tiny.py's held-out split: every 50th stdlib file (configs/train_tiny.py)
 BATCH_TABLE = {"1-8": 4, "9-32": 2, "33-": 0}
+
+
+def define_flags() -> None:
+    """The command's flags, defined only when it runs as the program (a test imports the module beside others whose
+    flags have the same names)."""
+    flags.DEFINE_list("batch_sizes", ["1", "4", "16", "64"], "slots per engine (offline runs: max(8, 2x) requests)")
+    flags.DEFINE_list(
+        "methods", ["off", "ngram", "draft", "adaptive", "draft_adaptive"], "speculation settings (see the docstring)"
+    )
+    flags.DEFINE_string("draft_model", "tinypy-draft", "the draft model of the draft methods")
+    flags.DEFINE_integer("repeats", 3, "interleaved repeats; medians reported")
+    flags.DEFINE_integer("prompt_len", 160, "prompt tokens")
+    flags.DEFINE_integer("max_tokens", 64, "generated tokens per request")
+    flags.DEFINE_integer("k", 4, "num_speculative_tokens")
+    flags.DEFINE_float("online_rate", 16.0, "online run: Poisson arrivals per second (0: no online run)")
+    flags.DEFINE_integer("online_requests", 96, "online run: requests")
+    flags.DEFINE_integer("online_slots", 64, "online run: max_num_seqs")
+    flags.DEFINE_string("model", "tinypy", "packaged model")
+    flags.DEFINE_string("output", "results/speculative.json", "results file")
+    flags.DEFINE_string("write_workload", None, "only write the code prompts as a JSONL workload to this file and exit")
+    flags.DEFINE_string("doc_data", None, "also write every raw run as a docs data file (cbjax/bench/doc_data.py)")
 
 
 def held_out_files() -> list[str]:
@@ -192,6 +199,7 @@ def main(argv):
     from cbjax.model.tokenizer import Tokenizer
     from cbjax.runner.compilation.program_family import clear_shared_programs
 
+    load_at_start = list(os.getloadavg())
     tok = Tokenizer.from_dir(packaged_model_path(FLAGS.model))
     if FLAGS.write_workload:  # for compare_policies (configs/speculative.py): arrivals are drawn there
         with open(FLAGS.write_workload, "w") as f:
@@ -227,7 +235,9 @@ def main(argv):
                 else:
                     wl = workload(prompts[: num_requests(b)], [0.0] * num_requests(b))
                 for m in methods:
+                    load_before = os.getloadavg()[0]
                     r = run_once(engines[m], wl)
+                    r.update(load_average_before=load_before, load_average_after=os.getloadavg()[0])
                     runs.setdefault((m, b), []).append(r)
                     print(
                         f"rep {rep} batch {b} {m}: {r['output_tok_s']:.0f} tok/s, acc {r['acceptance_rate']:.2f}",
@@ -245,10 +255,77 @@ def main(argv):
             ratios = [r["output_tok_s"] / o["output_tok_s"] for r, o in zip(runs[m, b], runs["off", b])]
             rows.append(dict(batch=b, method=m, speedup=statistics.median(ratios), same_outputs=same, **med))
     print_table(rows)
+    proposer_us = proposer_cost()  # at the end as well as the start: the machine's load moves it
     os.makedirs(os.path.dirname(FLAGS.output) or ".", exist_ok=True)
     with open(FLAGS.output, "w") as f:
-        json.dump(dict(argv=sys.argv, rows=rows, proposer_us=proposer_cost()), f, indent=1, default=str)
+        json.dump(dict(argv=sys.argv, rows=rows, proposer_us=proposer_us), f, indent=1, default=str)
     print(f"wrote {FLAGS.output}")
+    if FLAGS.doc_data:
+        from cbjax.bench.doc_data import write_doc_data
+
+        order = [*sizes, *(["online"] if online else [])]
+        write_doc_data(
+            FLAGS.doc_data,
+            command=" ".join(["python -m experiments.speculative", *sys.argv[1:]]),
+            runs=doc_runs(runs, order, methods),
+            what="speculative decoding on tinypy completing held-out Python code: each method's runs at each batch "
+            "size, interleaved repeats (docs/speculative.md)",
+            settings=dict(
+                model=FLAGS.model,
+                draft_model=FLAGS.draft_model,
+                k=FLAGS.k,
+                prompt_len=FLAGS.prompt_len,
+                max_tokens=FLAGS.max_tokens,
+                batch_table=BATCH_TABLE,
+                online_rate=FLAGS.online_rate,
+                online_requests=FLAGS.online_requests,
+                online_slots=FLAGS.online_slots,
+            ),
+            proposer_us=proposer_us,
+            load_average_before=load_at_start,
+            load_average_after=list(os.getloadavg()),
+        )
+        print(f"wrote {FLAGS.doc_data}")
+
+
+# The figures of a run that a data file keeps, under summarize's names where it has one (the docs' tables know
+# those: experiments/doc_views.py LABELS).
+DOC_FIELDS = {
+    "output_tok_s": "output_throughput",
+    "itl_ms_p50": "itl_ms_p50",
+    "itl_ms_mean": "itl_ms_mean",
+    "tpot_ms_p50": "tpot_ms_p50",
+    "ttft_ms_p50": "ttft_ms_p50",
+    "acceptance_rate": "spec_acceptance_rate",
+    "mean_acceptance_length": "spec_mean_acceptance_length",
+    "acceptance_by_position": "spec_acceptance_by_position",
+    "drafts_per_step": "spec_drafts_per_step",
+    "num_steps": "num_steps",
+    "plain_step_ms": "plain_step_ms",
+    "verify_step_ms": "verify_step_ms",
+    "load_average_before": "load_average_before",
+    "load_average_after": "load_average_after",
+}
+
+
+def doc_runs(runs: dict, batches: list, methods: list) -> list[dict]:
+    """One raw record per (batch, method, repeat) of `runs` ({(method, batch): [run_once's dict per repeat]}), in
+    the order they ran within a batch: repeat by repeat, every method. `repeat` (1-based) pairs a method's run with
+    `off`'s of the same repeat; `same_outputs` says whether its tokens equal `off`'s first run (None without
+    `off`)."""
+    out = []
+    for b in batches:
+        for rep in range(max(len(runs[m, b]) for m in methods)):
+            for m in methods:
+                if rep >= len(runs[m, b]):
+                    continue
+                r = runs[m, b][rep]
+                ref = runs["off", b][0]["outputs"] if ("off", b) in runs else None
+                record = dict(batch=b, method=m, repeat=rep + 1)
+                record.update({new: r[old] for old, new in DOC_FIELDS.items() if old in r})
+                record["same_outputs"] = None if ref is None else r["outputs"] == ref
+                out.append(record)
+    return out
 
 
 def print_table(rows) -> None:
@@ -267,4 +344,5 @@ def print_table(rows) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -7,6 +7,7 @@ interval and ratio from the raw runs, so a table can say no more than its runs d
                   cbjax/bench/intervals.py), and optionally each group's paired ratio to a baseline group
   ab              two sides of one comparison (cbjax and vLLM, engine A and engine B) side by side, with their
                   paired ratio per round and its interval
+  pivot           one row per value of a key and one column per value of another (models side by side)
   fidelity_study  the simulator-fidelity study's tables (experiments/fidelity_study.report; its runs sit under
                   each workload)
 

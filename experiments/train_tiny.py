@@ -22,9 +22,15 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/train_tiny.py", "training config")
-flags.DEFINE_bool("export_only", False, "skip training: export the latest checkpoint")
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """The command's flags, defined only when it runs as the program: experiments/model_card.py and the tests import
+    this module's corpus functions beside modules whose flags have the same names (--config)."""
+    config_flags.DEFINE_config_file("config", "configs/train_tiny.py", "training config")
+    flags.DEFINE_bool("export_only", False, "skip training: export the latest checkpoint")
+
 
 EOT = "<|endoftext|>"  # separates files in training, starts every prompt, ends generation
 
@@ -234,7 +240,7 @@ def samples(out_dir: str, prompts, max_tokens: int) -> list[dict]:
 # ---- main ---------------------------------------------------------------------------------------------------------
 def main(argv):
     del argv
-    cfg = _CONFIG.value
+    cfg = FLAGS.config
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -373,4 +379,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -105,7 +105,7 @@ def check_on_real(cfg, settings: dict, capacities: dict) -> dict:
             if check["rate"] <= 0:
                 continue
             for key, rate in (("at", check["rate"]), ("above_runs", check["above"])):
-                check[key].append(measured(real, name, 0, rate, progress=True).attainment)
+                check[key].append(measured(real, name, 0, rate).attainment)
                 print(f"real check {name} #{rep + 1} @ {rate:.3g}/s: {check[key][-1]:.3f}", file=sys.stderr)
     return out
 

@@ -114,7 +114,7 @@ def resolve_config(cfg):
 
     `policies` may hold comma-separated entries (`--config.policies=fcfs,static` arrives as one string).
     `engine.policy`, when set (`--config.engine.policy=sjf`), runs that one policy instead of the list."""
-    from cbjax.core.policy_zoo import make_policy
+    from cbjax.core.policy_zoo import POLICIES, make_policy
     from cbjax.engine_config import EngineConfig
     from cbjax.model.registry import model_config_of
 
@@ -135,9 +135,12 @@ def resolve_config(cfg):
         plan, _ = entry_plan(cfg, name)
         if "policy_options" in plan.engine_options:
             make_policy(plan.engine_options["policy"], plan.engine_options["policy_options"])
-    unused = sorted(set(cfg.get("policy_options") or {}) - set(names))
-    if unused:
-        raise ValueError(f"config.policy_options names policies not in config.policies: {unused}")
+    # Options of a known policy left out of the list (--config.policies=fcfs,sjf on the zoo's config) are unused;
+    # a name that is no policy or variant at all is a typo.
+    known = {*POLICIES, "static", "time_window", *(cfg.get("variants") or {})}
+    unknown = sorted(set(cfg.get("policy_options") or {}) - set(names) - known)
+    if unknown:
+        raise ValueError(f"config.policy_options names policies not in config.policies: {unknown}")
     cfg.policies = tuple(names)
     for field in ("horizon_s", "horizon_after_last_arrival_s"):
         if cfg.get(field) is not None and not cfg[field] > 0:

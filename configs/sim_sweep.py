@@ -1,12 +1,12 @@
-"""Latency against load on the simulator: the chat/RAG/code mix at a range of arrival rates, for a few policies;
-the classic curves (TTFT, TPOT and E2E percentiles against the offered rate).
+"""Latency against load on the simulator: the chat/RAG/code mix at a range of loads, for a few policies; the classic
+curves (TTFT, TPOT and E2E percentiles against the offered load).
 
-  python -m experiments.sim_sweep --config=configs/sim_sweep.py [--config.sweep.rates=10,20,40 ...]
+  python -m experiments.sim_sweep --config=configs/sim_sweep.py [--config.sweep.loads=0.5,1,1.5 ...]
 
-Every field not set here is sim_zoo.py's (the committed llama-tiny profile, or --config.sim.profile=auto), then
-policy_zoo.py's and base.py's. The rates were chosen on the profile of 2026-12-01, on which fcfs saturated at
-~25 req/s; on the one recalibrated on 2026-12-04 it sustains about twice that, so only the top rate passes it
-(docs/sim.md marks the sweep's figures stale until the rates are chosen again).
+A load is a fraction of fcfs's capacity on the sweep's requests, measured on the simulator before the sweep
+(docs/experiments.md, "Load relative to capacity"), so the points stay below, at and above saturation on any
+profile (the committed one, --config.sim.profile=auto, an accelerator). Every field not set here is sim_zoo.py's
+(the committed llama-tiny profile), then policy_zoo.py's and base.py's.
 """
 
 import ml_collections
@@ -20,10 +20,11 @@ def get_config():
     c.policies = ("fcfs", "static", "sarathi", "priority", "mlfq")
     c.policy_options = ml_collections.ConfigDict(dict(priority=c.policy_options.priority.to_dict()))  # zoo's aging
     c.workload.num_requests = 2000
-    # Arrivals span 2000 / rate seconds (200 s at 10/s); static drains 60/s of arrivals by ~180 s. mlfq thrashes
-    # from 20/s on (docs/sim.md) and would take hours of simulated time to finish 2000 requests: at 600 s the run
-    # is cut, and what has not finished counts as not completed (num_completed in sweep.csv).
+    c.seeds = 3  # every point on workload seeds seed, +1, +2: medians with intervals over the workload's randomness
+    # mlfq thrashes under sustained load (docs/sim.md) and would take hours of simulated time to finish 2000
+    # requests: at 600 s the run is cut, and what has not finished counts as not completed (num_completed).
     c.horizon_s = 600.0
-    c.horizon_after_last_arrival_s = None  # the zoo's; here every rate's run ends at horizon_s
-    c.sweep = dict(rates=(10.0, 20.0, 30.0, 40.0, 50.0, 60.0))  # requests per second
+    c.horizon_after_last_arrival_s = None  # the zoo's; here every point's run ends at horizon_s
+    # Fractions of fcfs's offline capacity (sweep.rates: absolute requests/s instead; set one of the two).
+    c.sweep = dict(loads=(0.5, 0.8, 0.9, 1.0, 1.2), rates=())
     return c

@@ -3,8 +3,8 @@ draws latency against load from the same runs compare_policies makes."""
 
 import pytest
 
+from experiments import bench_sim_speed, sim_sweep
 from experiments import compare_policies as cp
-from experiments import sim_sweep
 from tests.helpers import parse_config
 
 SIM = ["--config.engine.runner=sim", "--config.clock=virtual", "--config.sim.accelerator=h200"]
@@ -26,26 +26,61 @@ def test_sim_settings_are_checked_before_the_run(overrides, message):
         cp.resolve_config(parse_config(overrides))
 
 
-def test_the_sweep_draws_latency_against_load():
-    cfg = parse_config(
-        ["--config.policies=fcfs", "--config.workload.num_requests=80", "--config.sweep.rates=8,80"],
-        "configs/sim_sweep.py",
-    )
+def _small_sweep(overrides):
+    cfg = parse_config(["--config.policies=fcfs", "--config.workload.num_requests=80", *overrides],
+                       "configs/sim_sweep.py")  # fmt: skip
     with cfg.unlocked():
         cfg.policy_options = {}
-    rates = sim_sweep.rates_of(cfg)
+    kind, points = sim_sweep.points_of(cfg)
     cfg, _ = cp.prepare_run(cfg)
-    rows = sim_sweep.sweep(cfg, rates)
-    assert [(r["rate"], r["policy"]) for r in rows] == [(8.0, "fcfs"), (80.0, "fcfs")]
+    return sim_sweep.sweep(cfg, kind, points)
+
+
+def test_the_sweep_draws_latency_against_load():
+    rows, capacity = _small_sweep(["--config.sweep.loads=", "--config.sweep.rates=8,80", "--config.seeds=1"])
+    assert capacity is None
+    assert [(r["rate"], r["policy"], r["load"]) for r in rows] == [(8.0, "fcfs", None), (80.0, "fcfs", None)]
     low, high = rows
     assert low["num_completed"] == high["num_completed"] == 80
-    assert high["ttft_ms_p99"] > low["ttft_ms_p99"]  # 80/s is well above what the profile serves (~25/s)
+    assert high["ttft_ms_p99"] > low["ttft_ms_p99"]  # 80/s is well above what the profile serves (~50/s)
     assert high["wall_s"] < 30
 
 
-@pytest.mark.parametrize("rates", [(), ("x",), (-1.0,)])
-def test_bad_sweep_rates_are_refused(rates):
+def test_the_sweep_over_loads_is_relative_to_fcfs_capacity():
+    rows, capacity = _small_sweep(["--config.sweep.loads=0.5,2", "--config.seeds=2"])
+    assert capacity["policy"] == "fcfs" and capacity["capacity_request_rate"] > 0
+    assert [(r["load"], r["run"], r["seed"]) for r in rows] == [(0.5, 1, 0), (0.5, 2, 1), (2.0, 1, 0), (2.0, 2, 1)]
+    for r in rows:
+        assert r["rate"] == pytest.approx(r["load"] * capacity["capacity_request_rate"])
+    assert rows[0]["ttft_ms_p99"] < rows[2]["ttft_ms_p99"]  # seed 0 below capacity and at twice it
+    plot_rows = sim_sweep.medians(rows)
+    assert [(r["rate"], r["policy"]) for r in plot_rows] == [(rows[0]["rate"], "fcfs"), (rows[2]["rate"], "fcfs")]
+
+
+@pytest.mark.parametrize(
+    "sweep, message",
+    [
+        (dict(loads=(), rates=()), "set one of"),
+        (dict(loads=(0.5,), rates=(10.0,)), "set one of"),
+        (dict(loads=(), rates=("x",)), r"sweep\.rates must be numbers"),
+        (dict(loads=(-1.0,), rates=()), r"sweep\.loads must be numbers > 0"),
+    ],
+)
+def test_bad_sweep_points_are_refused(sweep, message):
     cfg = parse_config([], "configs/sim_sweep.py")
-    cfg.sweep.rates = rates
-    with pytest.raises(ValueError, match=r"sweep\.rates"):
-        sim_sweep.rates_of(cfg)
+    cfg.sweep = sweep
+    with pytest.raises(ValueError, match=message):
+        sim_sweep.points_of(cfg)
+
+
+def test_bench_sim_speed_times_each_policy_per_repeat_and_the_capacity_run_once():
+    cfg = parse_config(["--config.policies=fcfs,static", "--config.workload.num_requests=60"], "configs/sim_zoo.py")
+    with cfg.unlocked():
+        cfg.policy_options = {}
+    cfg, requests = cp.prepare_run(cfg)
+    runs, capacity = bench_sim_speed.bench(cfg, requests, ["fcfs", "static"], repeats=2)
+    assert [(r["policy"], r["run"]) for r in runs] == [
+        ("fcfs", 1), ("static", 1), ("total", 1), ("static", 2), ("fcfs", 2), ("total", 2)]  # fmt: skip
+    assert all(r["wall_s"] > 0 and r["cpu_s"] >= 0 and "load_average_before" in r for r in runs)
+    assert all(r["generated_tokens"] > 0 for r in runs if r["policy"] != "total")
+    assert capacity["load"] == cfg.workload.load and capacity["wall_s"] > 0

@@ -2,6 +2,7 @@
 
   python -m experiments.kv_quantization                    # every held-out window; a few minutes on 2 CPU cores
   python -m experiments.kv_quantization --windows=16 --repeats=1
+  python -m experiments.kv_quantization --doc_data=docs/data/kv_quantization_DATE.json   # also a data file
 
 The same held-out windows and prompts as experiments/quantization.py (int8 weights). The loss is the full
 forward's with K and V rounded through the cache (Llama.forward_full's kv_round_trip), which is what the engine
@@ -10,20 +11,37 @@ computes: tests/test_int8_kv_engine.py checks the engine's greedy tokens equal t
 - per page and kv head (one scale over a page's G tokens x H, computed with the whole page known: the best a
   per-page scheme could do, without the re-quantization it needs while a page fills during decode).
 Agreement and throughput run the engine: float32-KV greedy continuations, teacher-forced through the int8 oracle;
-tokens/s of LLM.generate with each cache, interleaved, median of --repeats.
+tokens/s of LLM.generate with each cache, interleaved (A B, B A, ...), median of --repeats. --doc_data writes a data
+file for the docs (cbjax/bench/doc_data.py): one run per KV variant with its one-shot figures (kind "quality") and
+one per (variant, round) of throughput (kind "throughput"), as experiments/quantization.py does.
 """
 
 import os
 import statistics
-import time
 
 import jax.numpy as jnp
 from absl import app, flags
 
-from experiments.quantization import PROMPT_LEN, WINDOW, heldout_tokens, mean_loss, teacher_forced_agreement
+from experiments.quantization import (
+    PROMPT_LEN,
+    WINDOW,
+    heldout_tokens,
+    interleaved_rates,
+    load_average,
+    mean_loss,
+    settings,
+    teacher_forced_agreement,
+    write_data,
+)
+from experiments.quantization import define_flags as define_quantization_flags
 
-FLAGS = flags.FLAGS  # --windows, --prompts, --max_tokens, --repeats: defined by experiments.quantization
-flags.DEFINE_integer("page_size", 16, "tokens per page, for the per-page scale variant")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """--windows, --prompts, --max_tokens, --repeats, --doc_data (experiments.quantization's) and --page_size."""
+    define_quantization_flags()
+    flags.DEFINE_integer("page_size", 16, "tokens per page, for the per-page scale variant")
 
 
 def per_page_round_trip(page_size: int):
@@ -47,6 +65,7 @@ def main(argv):
     from cbjax.model.llama import kv_cache_bytes_per_page
     from kernels_pallas import kv_quant
 
+    load_before = load_average()
     opts = dict(warmup="full", num_pages=512)  # the same pool in pages: the comparison is of the cache's numbers
     f32 = LLM("tinypy", **opts)
     int8 = LLM("tinypy", kv_cache_dtype="int8", **opts)
@@ -68,12 +87,8 @@ def main(argv):
     got = [o.outputs[0].token_ids for o in int8.generate(prompts, sp)]
     agreement = teacher_forced_agreement(model, prompts, ref, kv_round_trip=kv_quant.round_trip)
 
-    rates = {"float32": [], "int8": []}
-    for _ in range(FLAGS.repeats):
-        for name, llm in (("float32", f32), ("int8", int8)):
-            t0 = time.perf_counter()
-            outs = llm.generate(prompts, sp)
-            rates[name].append(sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t0))
+    throughput = interleaved_rates({"float32": f32, "int8": int8}, prompts, sp, FLAGS.repeats)
+    rates = {name: [r["output_tok_per_s"] for r in throughput if r["variant"] == name] for name in ("float32", "int8")}
     cfg = f32.engine.model_config
     page = {dt: kv_cache_bytes_per_page(cfg, f32.engine.config.cache.page_size, dt) for dt in ("auto", "int8")}
 
@@ -97,7 +112,25 @@ def main(argv):
     after = [llm.engine.num_compiles - warm[llm] for llm in (f32, int8)]
     print(f"engine compiles after warmup: float32 KV {after[0]}, int8 KV {after[1]}")
     print("load average: " + " ".join(f"{x:.1f}" for x in os.getloadavg()))
+    if FLAGS.doc_data:
+        identical = sum(a == b for a, b in zip(ref, got))
+        quality = [
+            dict(kind="quality", variant="float32", loss=loss["float32"], page_bytes=page["auto"],
+                 compiles_after_warmup=after[0]),
+            dict(kind="quality", variant="int8 per token", loss=loss["int8 per token"], agreement=agreement,
+                 identical=identical, page_bytes=page["int8"], compiles_after_warmup=after[1]),
+            dict(kind="quality", variant="int8 per page", loss=loss["int8 per page"]),
+        ]  # fmt: skip
+        for r in throughput:  # the engine's int8 cache is the per-token layout
+            r["variant"] = "int8 per token" if r["variant"] == "int8" else r["variant"]
+        write_data(
+            FLAGS.doc_data, "kv_quantization", "int8 KV pages against float32 on tinypy: held-out loss, greedy "
+            "agreement, KV bytes per page (one-shot, deterministic) and LLM.generate tokens/s (interleaved rounds)",
+            quality + throughput, load_before,
+            dict(settings(), continuations=len(ref), page_size=f32.engine.config.cache.page_size, num_pages=512),
+        )  # fmt: skip
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -15,6 +15,10 @@ records the command, commit, CPU, date and every run), relative to the repositor
 object on the same line holds the view's parameters. What lies between the markers is the view's Markdown, a
 blank line, and one line naming the data file, command, commit, CPU and date. docs/archive/ is a record of past
 sittings and is not regenerated. tests/test_doc_tables.py runs the check.
+
+Every other table in these files holds no measured figure (routes, options, file lists) and says so with the line
+`<!-- text table -->` directly above it; `--check` also lists a table that is neither generated nor so marked, so
+a figure typed by hand cannot slip in.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPEN = re.compile(r"^<!-- table: (?P<view>\S+) (?P<data>\S+)(?: (?P<params>\{.*\}))? -->$")
 OPEN_PREFIX = "<!-- table:"
 CLOSE = "<!-- /table -->"
+TEXT_TABLE = "<!-- text table -->"  # the line above a table that holds no measured figure
 
 
 class MarkerError(ValueError):
@@ -93,6 +98,21 @@ def find_blocks(text: str, path: str = "<text>") -> list[Block]:
     return blocks
 
 
+def loose_tables(text: str, path: str = "<text>") -> list[str]:
+    """'path:line: `first row`' for each Markdown table outside the generated blocks and fenced code whose line
+    above is not TEXT_TABLE: a table typed by hand, which a figure may not be."""
+    inside = {i for b in find_blocks(text, path) for i in range(b.start - 1, b.end + 1)}
+    lines, loose, fenced = text.split("\n"), [], False
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if stripped.startswith(("```", "~~~")):
+            fenced = not fenced
+        starts = stripped.startswith("|") and (i == 0 or not lines[i - 1].strip().startswith("|"))
+        if starts and not fenced and i not in inside and (i == 0 or lines[i - 1].strip() != TEXT_TABLE):
+            loose.append(f"{path}:{i + 1}: `{stripped[:70]}`")
+    return loose
+
+
 def render(block: Block, root: str = ROOT) -> str:
     """What belongs between the block's markers: the view of its data file, a blank line and the provenance line.
     ValueError (naming the block) when the view, the data file or the parameters are wrong."""
@@ -136,7 +156,8 @@ def _first_difference(old: str, new: str) -> str:
 
 
 def check(root: str = ROOT, files: list[str] | None = None) -> list[str]:
-    """One line per problem: a table that differs from its data file, or one that cannot be rendered."""
+    """One line per problem: a table that differs from its data file, one that cannot be rendered, or one neither
+    generated nor marked as text (`loose_tables`)."""
     problems = []
     for rel in files or doc_files(root):
         with open(os.path.join(root, rel), encoding="utf-8") as f:
@@ -150,6 +171,9 @@ def check(root: str = ROOT, files: list[str] | None = None) -> list[str]:
                     continue
                 if new != block.body:
                     problems.append(f"{block.name()} differs from its data file ({_first_difference(block.body, new)})")
+            problems += [
+                f"{t}: a table neither generated from data nor marked `{TEXT_TABLE}`" for t in loose_tables(text, rel)
+            ]
         except MarkerError as e:
             problems.append(str(e))
     return problems
@@ -180,7 +204,10 @@ def main(argv: list[str]) -> None:
             for p in problems:
                 print(p)
             if problems:
-                print(f"{len(problems)} table(s) differ from their data files: run `python -m experiments.doc_tables`")
+                print(
+                    f"{len(problems)} problem(s): regenerate with `python -m experiments.doc_tables`; a table typed "
+                    f"by hand is made from a data file, or marked `{TEXT_TABLE}` if it holds no figure"
+                )
                 sys.exit(1)
             return
         for name in write(ROOT, files):

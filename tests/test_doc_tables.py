@@ -196,3 +196,14 @@ def test_a_table_that_cannot_be_rendered_is_a_problem_naming_it(tmp_path, marker
 def test_every_view_is_documented():
     assert {"rows", "medians", "ab", "fidelity_study"} <= set(VIEWS)
     assert all(fn.__doc__ for fn in VIEWS.values())
+
+
+def test_a_table_typed_by_hand_is_found_unless_marked_as_text():
+    text = "\n".join([
+        "| a | b |", "|---|---|", "| 1 | 2 |", "",  # typed by hand: found
+        dt.TEXT_TABLE, "| route | what |", "|---|---|", "",  # marked as holding no figure: fine
+        '<!-- table: rows docs/data/a.json {"columns": ["x"]} -->', "| x |", "|---|", dt.CLOSE,  # generated: fine
+        "```", "| in | code |", "```",  # an example in fenced code: fine
+        "text", "| ms | 3.1 |",  # another one, after prose: found
+    ])  # fmt: skip
+    assert dt.loose_tables(text, "t.md") == ["t.md:1: `| a | b |`", "t.md:17: `| ms | 3.1 |`"]

@@ -24,10 +24,16 @@ option, default auto) resolves to it, else XLA's dot.
 GFLOP/s = the step's matmul + attention + LM-head FLOPs / step time; `bare` = a lone [T, D] x [D, 2F] matmul (the
 step's widest GEMM) on XLA's dot in the same rounds; `vs bare` = their ratio. Prints a markdown table and one JSON
 line per step.
+
+--doc_data PATH: also write a data file for the docs (cbjax/bench/doc_data.py) with one run per step and round:
+that round's times (ms) and the figures derived from them (in-step attention, other, GFLOP/s, vs bare), so a
+table can give each step's medians with their intervals (the view `medians` by `name`).
 """
 
 import json
+import os
 import statistics
+import sys
 import time
 
 from absl import app, flags
@@ -51,6 +57,7 @@ flags.DEFINE_integer("max_model_len", 2048, "page-table width")
 flags.DEFINE_integer("rounds", 5, "interleaved timing rounds")
 flags.DEFINE_string("matmul_dtype", None, "the linear layers' dtype (ModelConfig.matmul_dtype)")
 flags.DEFINE_string("cpu_matmul", "auto", "auto | packed | xla: the linears' matmul, as the engine option")
+flags.DEFINE_string("doc_data", None, "also write a data file for the docs: one run per step and round")
 FLAGS = flags.FLAGS
 
 PAGE_SIZE = 16
@@ -119,6 +126,19 @@ def _median_ms(f, calls: int = 3) -> float:
     for _ in range(calls):
         jax.block_until_ready(f())
     return 1e3 * (time.perf_counter() - t0) / calls
+
+
+def derived(t: dict, flops: float, bare_flops: float) -> dict:
+    """The columns computed from a set of times (ms): in-step attention, other, GFLOP/s and its ratio to bare."""
+    t = dict(t)
+    t.setdefault("sampling", 0.0)
+    t["in_step_attention"] = t["step"] - t["no_attn"]
+    t["other"] = t["no_attn"] - t["matmuls"] - t["lm_head"] - t["sampling"]
+    out = {k: round(v, 2) for k, v in t.items()}
+    step_gflops, bare_gflops = flops / t["step"] / 1e6, bare_flops / t["bare"] / 1e6
+    return out | dict(
+        gflops=round(step_gflops, 1), bare_gflops=round(bare_gflops, 1), vs_bare=round(step_gflops / bare_gflops, 2)
+    )
 
 
 def main(argv):
@@ -197,7 +217,7 @@ def main(argv):
 
     sampler = jax.jit(sample)
     next_page = 0
-    rows = []
+    rows, runs = [], []
     for spec, T, seqs in specs:
         scheduled = []
         for i, (q_len, kv_len) in enumerate(seqs):
@@ -243,18 +263,17 @@ def main(argv):
         for _ in range(FLAGS.rounds):
             for k, f in programs.items():
                 times[k].append(_median_ms(f))
-        t = {k: statistics.median(v) for k, v in times.items()}
-        t.setdefault("sampling", 0.0)
-        t["in_step_attention"] = t["step"] - t["no_attn"]
-        t["other"] = t["no_attn"] - t["matmuls"] - t["lm_head"] - t["sampling"]
-        t["host"] = statistics.median(host)
         linear_flops = 2 * int(tokens) * L * (D * (N + 2 * K) * H + N * H * D + 2 * D * F + F * D)
         attn_flops = 4 * L * N * H * sum(q * (kv - q) + q * (q + 1) // 2 for q, kv in seqs)
-        step_gflops = (linear_flops + attn_flops + 2 * len(seqs) * D * V) / t["step"] / 1e6
-        bare_gflops = 2 * T * D * 2 * F / t["bare"] / 1e6
-        row = dict(name=spec, T=T, seqs=len(seqs), **{k: round(v, 2) for k, v in t.items()})
-        row.update(gflops=round(step_gflops, 1), bare_gflops=round(bare_gflops, 1))
-        row.update(vs_bare=round(step_gflops / bare_gflops, 2), model=FLAGS.model, matmul_dtype=str(mm), packed=packed)
+        flops, bare_flops = linear_flops + attn_flops + 2 * len(seqs) * D * V, 2 * T * D * 2 * F
+        host_ms = statistics.median(host)
+        labels = dict(name=spec, T=T, seqs=len(seqs))
+        for i in range(FLAGS.rounds):
+            one = derived({k: v[i] for k, v in times.items()}, flops, bare_flops)
+            runs.append(labels | {"round": i + 1, **one, "host": round(host_ms, 3)})
+        t = {k: statistics.median(v) for k, v in times.items()}
+        row = labels | derived(t, flops, bare_flops) | {"host": round(host_ms, 2)}
+        row.update(model=FLAGS.model, matmul_dtype=str(mm), packed=packed)
         rows.append(row)
         print(json.dumps(row), flush=True)
     cols = (
@@ -278,6 +297,17 @@ def main(argv):
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print("| " + " | ".join(str(r[c]) for c in cols) + f" | {r['vs_bare']} |")
+    if FLAGS.doc_data:
+        from cbjax.bench.doc_data import write_doc_data
+
+        argv = sys.argv[1:]  # the command without --doc_data and its file
+        skip = {j for i, a in enumerate(argv) if a == "--doc_data" for j in (i, i + 1)}
+        skip |= {i for i, a in enumerate(argv) if a.startswith("--doc_data=")}
+        args = [a for i, a in enumerate(argv) if i not in skip]
+        what = "per synthetic step, the time (ms) of its parts and its GFLOP/s against a bare matmul, per round"
+        write_doc_data(FLAGS.doc_data, command=" ".join(["python -m experiments.profile_step", *args]), runs=runs,
+                       what=what, model=FLAGS.model, matmul_dtype=str(mm), packed=packed,
+                       load_average=round(os.getloadavg()[0], 2))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -21,6 +21,10 @@ add to a run and, unlike the replay, needs no second timing of a machine whose s
 --host_split: the serving thread's CPU time per step, split into schedule, pack, launch (the program call), fetch,
 update and the rest of the engine's step (cbjax/bench/host_timers.py), medians over the runs; and
 `host_cpu_share`, the host's CPU time over the wall time.
+
+--doc_data PATH: also write a data file for the docs (cbjax/bench/doc_data.py): one run per timed repeat (its
+wall time, throughput, host shares) with the workload, model, dtype and engine options as labels, and this
+process's whole JSON line as `result`. experiments/throughput_vs_vllm.py runs this script and vLLM in rounds.
 """
 
 import json
@@ -55,6 +59,7 @@ flags.DEFINE_integer("repeats", 1, "timed runs on the same engine; wall_s is the
 flags.DEFINE_bool("replay_device", False, "time the last run's steps again with no host work (device-only time)")
 flags.DEFINE_bool("host_split", False, "time the host's CPU per step by part (cbjax/bench/host_timers.py)")
 flags.DEFINE_string("dump_dir", None, "write the generated token ids to DIR/cbjax.json (for peers/compare.py)")
+flags.DEFINE_string("doc_data", None, "also write a data file for the docs: one run per timed repeat")
 FLAGS = flags.FLAGS
 
 
@@ -135,6 +140,44 @@ def request_latency_ms(outs) -> dict:
     return out
 
 
+def command_line(argv: list, drop: str = "--doc_data") -> str:
+    """This run's command as a reader would type it, without `drop` (the file it writes) and its value."""
+    args, skip = [], False
+    for arg in argv:
+        if skip or arg.startswith(drop + "="):
+            skip = False
+            continue
+        skip = arg == drop
+        if not skip:
+            args.append(arg)
+    return " ".join(["python -m experiments.throughput", *args])
+
+
+def write_runs(path: str, result: dict) -> None:
+    """The data file of --doc_data: one run per timed repeat, labelled, and the whole result line kept."""
+    import sys
+
+    from cbjax.bench.doc_data import write_doc_data
+
+    labels = {
+        "workload": os.path.basename(FLAGS.workload),
+        "model": FLAGS.model,
+        "engine": "cbjax",
+        "dtype": FLAGS.matmul_dtype or FLAGS.dtype,
+        "num_scheduler_steps": result.get("num_scheduler_steps"),
+    }
+    per_run = {"host_busy_share": "host_busy_share_runs", "host_cpu_share": "host_cpu_share_runs"}
+    per_run["host_overhead"] = "host_overhead_runs"
+    runs = []
+    for i, wall in enumerate(result["wall_s_runs"]):
+        run = {**labels, "repeat": i + 1, "wall_s": wall, "output_throughput": round(result["output_tokens"] / wall, 2)}
+        run |= {k: result[v][i] for k, v in per_run.items() if v in result}
+        runs.append(run)
+    what = "offline output throughput per timed repeat"
+    load = os.getloadavg()[0]
+    write_doc_data(path, command=command_line(sys.argv[1:]), runs=runs, what=what, result=result, load_average=load)
+
+
 def main(argv):
     del argv
     from cbjax import LLM
@@ -211,6 +254,8 @@ def main(argv):
         result["host_overhead"] = round(statistics.median(1 - d / w for d, w in zip(replays, walls)), 4)
         result["host_overhead_runs"] = [round(1 - d / w, 4) for d, w in zip(replays, walls)]
     print(json.dumps(result), flush=True)
+    if FLAGS.doc_data:
+        write_runs(FLAGS.doc_data, result)
     if FLAGS.dump_dir:
         os.makedirs(FLAGS.dump_dir, exist_ok=True)
         with open(os.path.join(FLAGS.dump_dir, "cbjax.json"), "w") as f:

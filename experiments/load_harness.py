@@ -9,7 +9,7 @@ same config measures the same regime on any machine, accelerator or simulator.
 
 from __future__ import annotations
 
-from cbjax.bench.capacity import capacity_of, check_load
+from cbjax.bench.capacity import check_load
 
 
 def load_of(cfg) -> float | None:
@@ -45,11 +45,6 @@ def workload_config(cfg, *, seed_offset: int = 0, offline: bool = False, request
             if "trace_rate" in w:
                 w.trace_rate = None
     return w
-
-
-def capacity_from_runs(cfg, summaries, num_requests: int):
-    """The Capacity of the reference policy's offline runs (cbjax.bench.metrics.summarize of each)."""
-    return capacity_of(capacity_policy(cfg), summaries, num_requests)
 
 
 def workloads_at(cfg, *, seeds: int, request_rate: float | None = None, first=None) -> list:

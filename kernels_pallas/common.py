@@ -192,7 +192,10 @@ def attend_tile(q, k, v, score_mask, kv_valid, m, l, acc, *, sm_scale, soft_cap)
     The running max starts at -inf; while a row has seen nothing it stays -inf
     and `m_safe` = 0 keeps exp() from evaluating -inf - -inf.
     """
-    s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)  # [R, C]
+    # float32 inputs get float32 products: a dot's default precision is TF32 on GPU (Triton) and one bf16 pass on
+    # TPU, which missed the f32 reference by up to 70x the tolerance on an H200 (docs/kernels.md).
+    precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
+    s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision, preferred_element_type=jnp.float32)
     s = s * sm_scale
     if soft_cap is not None:
         s = soft_cap * jnp.tanh(s / soft_cap)
@@ -204,7 +207,10 @@ def attend_tile(q, k, v, score_mask, kv_valid, m, l, acc, *, sm_scale, soft_cap)
     alpha = jnp.exp(m - m_safe)  # [R, 1]; 0 when m is still -inf
     p = jnp.exp(s - m_safe)  # [R, C]; exactly 0 where masked
     l_new = alpha * l + jnp.sum(p, axis=1, keepdims=True)
-    pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)  # [R, H]
+    pv_precision = lax.Precision.HIGHEST if v.dtype == jnp.float32 else None
+    pv = lax.dot_general(
+        p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=pv_precision, preferred_element_type=jnp.float32
+    )  # [R, H]
     acc_new = alpha * acc + pv
     return m_new, l_new, acc_new
 

@@ -71,6 +71,11 @@ def ragged_attention(
         return xla_ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs, **kw)
     from kernels_pallas.ragged_paged_attention import ragged_paged_attention
 
-    return ragged_paged_attention(
-        q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs, interpret=interpret, **kw
+    # The kernel takes q in the float pages' dtype. The model's activations are float32 whatever its weights (its
+    # linears accumulate in f32), so with bfloat16 pages q is cast down for the kernel (bf16 attention, as vLLM's
+    # kernels run it) and the output back up; the XLA path reads bf16 pages into f32 math instead.
+    kernel_q = q if k_scales is not None or q.dtype == k_pages.dtype else q.astype(k_pages.dtype)
+    out = ragged_paged_attention(
+        kernel_q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs, interpret=interpret, **kw
     )
+    return out.astype(q.dtype)

@@ -89,3 +89,30 @@ def test_int8_pages_lower_for_its_platform(op, make_args, variant, options):
     (launch,) = [line for line in text.splitlines() if f"custom_call @{custom_call}(" in line]
     pages, scales = f"tensor<{K}x{P}x{G}x{H}xi8>", f"tensor<{K}x{P}x{G}x1xf32>"
     assert f"{pages}, {pages}, {scales}, {scales})" in launch
+
+
+def _dot_precisions(jaxpr) -> list:
+    """The precision of every dot_general in `jaxpr` and the jaxprs inside it (the kernel body of a pallas_call,
+    loops, conds)."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            found.append((eqn.invars[0].aval.dtype, eqn.params["precision"]))
+        for v in eqn.params.values():
+            for sub in v if isinstance(v, (tuple, list)) else (v,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    found += _dot_precisions(inner)
+    return found
+
+
+@pytest.mark.parametrize("variant", TARGETS)
+@pytest.mark.parametrize("op, make_args", [(paged_attention, _decode_args), (ragged_paged_attention, _ragged_args)],
+                         ids=["decode", "ragged"])  # fmt: skip
+def test_float32_kernels_ask_for_float32_dots(op, make_args, variant):
+    # A dot's default precision is TF32 in Triton and one bf16 pass on TPU: on an H200 the float32 kernels missed
+    # their float32 reference by up to 70x the tolerance until their dots asked for HIGHEST (docs/kernels.md).
+    fn = functools.partial(op, platform=variant, **OPTIONS["window_softcap"])
+    dots = _dot_precisions(jax.make_jaxpr(fn)(*make_args(jnp.float32)).jaxpr)
+    assert dots and all(p is not None and p[0] == jax.lax.Precision.HIGHEST for dt, p in dots if dt == jnp.float32)
+    assert any(dt == jnp.float32 for dt, _ in dots)

@@ -16,6 +16,12 @@ engine's step call up to the fetch of its results), so the simulator advances it
   batch   full batches of random-length requests, all at once (many sequences decoding, prompts joining)
   mixed   Poisson arrivals of random-length requests (prefill chunks and decodes in the same step)
   swap    40 of those requests into a small KV pool with preemption by swap (the cost per byte copied)
+
+The speed probe (`probe_speed`): a few seconds of fixed steps (three decode groups and a prefill run) timed on a warm
+real engine and compared with a profile's predictions of the same steps. Their ratio is the machine's speed at that
+minute relative to the minutes the profile was calibrated in: a shared machine drifts 10-40% within an hour, and a
+profile calibrated in a slow minute overpredicted every workload of a study an hour later by about 10%
+(docs/sim.md, fidelity). The simulator takes the ratio as sim_step_time_scale.
 """
 
 import dataclasses
@@ -128,6 +134,64 @@ def measure(engine, workload) -> tuple[list, list, object]:
     if len(feats) != len(times):
         raise RuntimeError(f"{len(feats)} steps fetched but {len(times)} clock moves")
     return feats, times, result
+
+
+# The probe's steps: decode groups of 4, 12 and 32 sequences at 128-token prompts (the decode batches of a workload
+# below and at saturation) and a prefill run of 4 prompts of 200-300 tokens (full token buckets, chunked), seed
+# 4321 (no sweep or study uses it). About 150 steps, 2-4 s on 2 cores.
+PROBE_DECODE_SIZES = (4, 12, 32)
+PROBE_CONTEXT = 128
+
+
+def probe_workloads(vocab_size: int, max_num_seqs: int, max_model_len: int, token_budget: int = 256) -> list:
+    """The probe's runs (each a workload run on its own): its decode groups, then its prefill run."""
+    import numpy as np
+
+    from cbjax.bench.requests import WorkloadRequest
+
+    rng = np.random.default_rng(4321)
+
+    def prompt(n: int) -> tuple:
+        return tuple(int(x) for x in rng.integers(3, vocab_size, n))
+
+    ctx = min(PROBE_CONTEXT, max_model_len // 2)  # (a small test engine's max_model_len)
+    runs = []
+    for n in sorted({min(x, max_num_seqs) for x in PROBE_DECODE_SIZES}):
+        fill_steps = -(-n * ctx // max(token_budget - n, 1))
+        out_len = max(1, min(DECODE_STEPS + 1 + fill_steps, max_model_len - ctx))
+        runs.append([WorkloadRequest(f"p{n}-{i}", 0.0, prompt(ctx), out_len) for i in range(n)])
+    lens = [min(int(k), max_model_len - 4) for k in rng.integers(200, 301, 4)]
+    runs.append([WorkloadRequest(f"pp-{i}", 0.0, prompt(k), 2) for i, k in enumerate(lens)])
+    return runs
+
+
+@dataclasses.dataclass
+class SpeedProbe:
+    measured_s: float  # the probe's steps, summed
+    predicted_s: float  # the cost model's prediction of the same steps, summed
+    steps: int
+
+    @property
+    def scale(self) -> float:
+        """measured / predicted: the sim_step_time_scale that makes the cost model run at this minute's speed."""
+        return self.measured_s / self.predicted_s
+
+    def as_dict(self) -> dict:
+        return dict(measured_s=self.measured_s, predicted_s=self.predicted_s, steps=self.steps, scale=self.scale)
+
+
+def probe_speed(engine, cost) -> SpeedProbe:
+    """Time the probe's steps on `engine` (a warm real engine on a VirtualClock, idle: nothing running or waiting)
+    and compare them with `cost`'s predictions (anything with step_time(StepFeatures))."""
+    sc = engine.config.scheduler
+    feats, times = [], []
+    for wl in probe_workloads(engine.model_config.vocab_size, sc.max_num_seqs, sc.max_model_len,
+                              sc.max_num_batched_tokens):  # fmt: skip
+        f, t, _ = measure(engine, wl)
+        feats += f
+        times += t
+    predicted = sum(map(cost.step_time, feats))
+    return SpeedProbe(measured_s=sum(times), predicted_s=predicted, steps=len(times))
 
 
 def calibrate(model, opts: dict, *, seed: int, scale: float, log=_log.info) -> Calibration:

@@ -10,6 +10,7 @@ interval and ratio from the raw runs, so a table can say no more than its runs d
   pivot           one row per value of a key and one column per value of another (models side by side)
   fidelity_study  the simulator-fidelity study's tables (experiments/fidelity_study.report; its runs sit under
                   each workload)
+  fidelity_verdicts  the same study in short: per-run bias, speed probes, the verdicts
 
 Parameters shared by the tabular views:
   rows     the key of a list inside each run whose elements are the records, each merged with its run's own
@@ -271,6 +272,15 @@ def fidelity_study_view(data) -> str:
     from experiments import fidelity_study
 
     return fidelity_study.report(data)
+
+
+@view("fidelity_verdicts")
+def fidelity_verdicts_view(data) -> str:
+    """A fidelity study in short: the bias of each real run, the speed probes and the verdict lines."""
+    from experiments import fidelity_study
+
+    lines = "\n".join(fidelity_study.verdict_lines(data))
+    return "\n\n".join([fidelity_study.run_bias_line(data), fidelity_study.probe_line(data), lines])
 
 
 @view("pivot")

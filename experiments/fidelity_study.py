@@ -90,20 +90,48 @@ def sim_run(model: str, workload: list, options: dict, cost) -> dict:
     return run_summary(run_online(engine, workload))
 
 
-def measure_workload(model, workload, policies, repeats, options, cost, log) -> tuple[list, dict]:
-    """The real runs (interleaved rounds; each a dict of policy, round, summary, features, times, wall seconds)
-    and the simulator's summary per policy."""
-    runs = []
+def measure_workload(model, workload, policies, repeats, options, cost, log, probe=None) -> tuple[list, dict, list]:
+    """The real runs (interleaved rounds; each a dict of policy, round, summary, features, times, wall seconds),
+    the simulator's summary per policy, and the speed probes. With `probe` (a function of no arguments returning a
+    SpeedProbe, cbjax/sim_calibration.py), one runs right before each real run, and the simulator runs `cost` scaled
+    by the median of the workload's probes: the profile at the speed of the minutes these runs were measured in.
+    (One probe per round was tried first: 5 probes of 2-3 s each spread 0.75-1.31 in a busy sitting, and their
+    median missed the overload workload's speed by 9%.)"""
+    runs, probes = [], []
     for rnd in range(repeats):
         k = rnd % len(policies)
         for policy in policies[k:] + policies[:k]:
+            if probe is not None:
+                probes.append(probe().as_dict())
             t0 = time.perf_counter()
             feats, times, summary = real_run(model, workload, dict(options, policy=policy))
             wall = time.perf_counter() - t0
             runs.append(dict(policy=policy, round=rnd, summary=summary, features=feats, times=times, wall_s=wall))
-            log(f"  round {rnd} {policy}: {len(times)} steps, {sum(times):.2f} s measured, {wall:.1f} s wall")
-    sim = {p: sim_run(model, workload, dict(options, policy=p), cost) for p in policies}
-    return runs, sim
+            probed = f"; probe before it {probes[-1]['scale']:.3f}" if probe is not None else ""
+            log(f"  round {rnd} {policy}: {len(times)} steps, {sum(times):.2f} s measured, {wall:.1f} s wall{probed}")
+    sim = {p: sim_run(model, workload, dict(options, policy=p), probed_cost(cost, probes)) for p in policies}
+    return runs, sim, probes
+
+
+def probed_cost(cost, probes: list):
+    """`cost` scaled by the median of the probes' measured / predicted (itself when there are none)."""
+    from cbjax.sim.cost_model import ScaledCost
+
+    if not probes:
+        return cost
+    return ScaledCost(cost, statistics.median(p["scale"] for p in probes))
+
+
+def speed_probe(model: str, options: dict, cost):
+    """A warm real engine with the study's engine options (fcfs) kept for the whole study, and a function that runs
+    the speed probe on it against `cost`."""
+    from cbjax.core.clock import VirtualClock
+    from cbjax.engine import LLMEngine
+    from cbjax.sim_calibration import probe_speed
+
+    engine = LLMEngine(model, clock=VirtualClock(), **dict(options, policy="fcfs"))
+    engine.wait_until_warm()
+    return lambda: probe_speed(engine, cost)
 
 
 def analyze_workload(runs: list, sim: dict, policies, step_time) -> dict:
@@ -119,9 +147,11 @@ def analyze_workload(runs: list, sim: dict, policies, step_time) -> dict:
 
 def run_study(model: str, cost, *, policies=POLICIES, repeats: int = 5, workload: dict = WORKLOAD,
               loads: dict = LOADS, engine: dict | None = None, capacity_policy: str = CAPACITY_POLICY,
-              steps_output: str | None = None, log=print) -> dict:  # fmt: skip
+              steps_output: str | None = None, probe: bool = True, log=print) -> dict:  # fmt: skip
     """The whole study with cost model `cost` (anything with step_time(StepFeatures)); `engine` overrides
-    engine_options(). Returns the study's dict (settings, capacity, workloads, verdicts), without provenance."""
+    engine_options(). With `probe`, each workload's simulation and step statistics use `cost` scaled by speed
+    probes taken before each of its rounds (measure_workload). Returns the study's dict (settings, capacity,
+    workloads, verdicts), without provenance."""
     from cbjax.bench.capacity import capacity_of
     from cbjax.core.policy_zoo import POLICIES as KNOWN
     from experiments.measured_steps import write_steps
@@ -133,12 +163,14 @@ def run_study(model: str, cost, *, policies=POLICIES, repeats: int = 5, workload
     options = engine_options(engine)
     max_len = options["max_model_len"]
     out = dict(settings=dict(model=model, policies=list(policies), repeats=repeats, workload=workload, loads=loads,
-                             capacity_policy=capacity_policy, engine=options), workloads={})  # fmt: skip
+                             capacity_policy=capacity_policy, engine=options, probe=probe), workloads={})  # fmt: skip
     rates = {OFFLINE: None}
+    prober = speed_probe(model, options, cost) if probe else None
     for name in (OFFLINE, *loads):
         requests = study_workload(model, workload, max_len, rates.get(name))
         log(f"{name}: {len(requests)} requests" + (f" at {rates[name]:.2f}/s" if rates.get(name) else " at t=0"))
-        runs, sim = measure_workload(model, requests, policies, repeats, options, cost, log)
+        runs, sim, probes = measure_workload(model, requests, policies, repeats, options, cost, log, prober)
+        wcost = probed_cost(cost, probes)
         if name == OFFLINE:  # the capacity the online workloads' loads are relative to
             cap = capacity_of(capacity_policy, [r["summary"] for r in runs if r["policy"] == capacity_policy],
                               len(requests))  # fmt: skip
@@ -148,11 +180,12 @@ def run_study(model: str, cost, *, policies=POLICIES, repeats: int = 5, workload
             os.makedirs(steps_output, exist_ok=True)
             groups = {f"{r['policy']}/{r['round']}": (r["features"], r["times"]) for r in runs}
             write_steps(os.path.join(steps_output, f"{name}.jsonl"), groups)
-        w = out["workloads"][name] = dict(load=loads.get(name), request_rate=rates[name], num_requests=len(requests))
-        w.update(analyze_workload(runs, sim, policies, cost.step_time), sim=sim)
+        w = out["workloads"][name] = dict(load=loads.get(name), request_rate=rates[name], num_requests=len(requests),
+                                          probes=probes, scale=getattr(wcost, "factor", 1.0))  # fmt: skip
+        w.update(analyze_workload(runs, sim, policies, wcost.step_time), sim=sim)
         w["runs"] = [dict(policy=r["policy"], round=r["round"], summary=r["summary"], wall_s=r["wall_s"],
                           steps=len(r["times"]), measured_s=sum(r["times"]),
-                          predicted_s=sum(map(cost.step_time, r["features"]))) for r in runs]  # fmt: skip
+                          predicted_s=sum(map(wcost.step_time, r["features"]))) for r in runs]  # fmt: skip
     out["verdicts"] = fs.verdicts(out["workloads"])
     return out
 
@@ -233,6 +266,23 @@ def run_bias_line(study: dict) -> str:
     return "Bias per real run (the cost model on one run's steps): " + "; ".join(parts) + "."
 
 
+def probe_line(study: dict) -> str:
+    """Per workload, the speed probes' measured / predicted (the profile's error on the probe's fixed steps in these
+    minutes) and the scale the simulator ran with, or that it ran the profile as calibrated."""
+    if not study["settings"].get("probe"):
+        return "Speed probes: none (the profile as calibrated)."
+    parts, when = [], set()
+    for name, w in study["workloads"].items():
+        scales = [p["scale"] for p in w.get("probes", [])]
+        # One probe per real run; the first sittings with probes took one per round.
+        when.add("each real run" if len(scales) == len(w["runs"]) else "each round")
+        parts.append(f"{name} {min(scales):.3f}-{max(scales):.3f} over {len(scales)} probes, scale {w['scale']:.3f}")
+    head = f"Speed probes (measured / predicted on the probe's fixed steps, before {' or '.join(sorted(when))}; the "
+    return (
+        head + "simulator and the bias above use the profile times each workload's median): " + "; ".join(parts) + "."
+    )
+
+
 def metric_table(study: dict) -> str:
     """Metric level: each simulated figure / the real median - 1, [the real 95% interval around that median];
     ✓ inside the interval or within the tolerance."""
@@ -305,15 +355,16 @@ def verdict_lines(study: dict) -> list[str]:
 
 
 def report(study: dict) -> str:
-    parts = [step_table(study), run_bias_line(study), metric_table(study), ranking_table(study)]
+    parts = [step_table(study), run_bias_line(study), probe_line(study), metric_table(study), ranking_table(study)]
     return "\n\n".join([*parts, "\n".join(verdict_lines(study))])
 
 
 def study_command(profile: str, *, output: str, repeats: int = 5, scale: float = 1.0, model: str = "llama-tiny",
                   policies=POLICIES, workload: dict = WORKLOAD, engine: dict | None = None,
-                  steps_output: str | None = None, argv=None) -> dict:  # fmt: skip
+                  steps_output: str | None = None, probe: bool = True, argv=None) -> dict:  # fmt: skip
     """Run the study, write its JSON with provenance to `output`, print the tables from the written file.
-    `scale` multiplies `workload`'s number of requests; `engine` overrides engine_options()."""
+    `scale` multiplies `workload`'s number of requests; `engine` overrides engine_options(); `probe`: speed probes
+    (run_study)."""
     from cbjax.bench.results import cpu_model, manifest, write_json
 
     argv = list(sys.argv if argv is None else argv)
@@ -322,7 +373,7 @@ def study_command(profile: str, *, output: str, repeats: int = 5, scale: float =
     cost, profile_info = load_cost(profile, model)
     workload = dict(workload, num_requests=max(10, round(workload["num_requests"] * scale)))
     study = run_study(model, cost, policies=policies, repeats=repeats, workload=workload, engine=engine,
-                      steps_output=steps_output)  # fmt: skip
+                      steps_output=steps_output, probe=probe)  # fmt: skip
     prov = manifest(start_time=start, engines={}, argv=argv)
     study = dict(command="python -m experiments.fidelity_study " + " ".join(argv[1:]), commit=prov["git"],
                  cpu=cpu_model(), date=start.isoformat(timespec="seconds"), load_average_before=load_before,
@@ -359,6 +410,7 @@ def define_flags() -> None:
     flags.DEFINE_string("output", default_output(), "where the study's JSON goes")
     flags.DEFINE_string("steps_output", None, "a folder: every real run's steps as JSONL, one file per workload")
     flags.DEFINE_string("report", None, "print the tables of a saved study (its JSON) and exit")
+    flags.DEFINE_bool("probe", True, "scale the profile by speed probes timed before each real run (run_study)")
 
 
 def main(argv) -> None:
@@ -373,7 +425,7 @@ def main(argv) -> None:
         raise app.UsageError("--profile is required (or --report)")
     del argv  # absl has taken the flags out of it; the record needs the whole command line
     study_command(f.profile, output=f.output, repeats=f.repeats, scale=f.scale, model=f.model,
-                  policies=f.policies, steps_output=f.steps_output, argv=sys.argv)  # fmt: skip
+                  policies=f.policies, steps_output=f.steps_output, probe=f.probe, argv=sys.argv)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ flags.DEFINE_list("cases", None, "cases: the cases to run (default: all of CASES
 flags.DEFINE_float("scale", 1.0, "multiplies the study's or each case's number of requests")
 flags.DEFINE_string("output", None, "where the results go (JSON; default: the study's docs/data/"
                     "sim_fidelity_study_<date>.json, the cases' results/sim_fidelity.json)")  # fmt: skip
+flags.DEFINE_bool("probe", True, "study: scale the profile by speed probes timed before each real run")
 flags.DEFINE_string("report", None, "print the tables of a saved study or per-case run (its JSON) and exit")
 flags.DEFINE_string("steps_output", None, "a folder: write every measured step (calibration, real run) as JSONL there")
 FLAGS = flags.FLAGS
@@ -329,7 +330,8 @@ def main(argv):
         raise app.UsageError("--cases and --recalibrate belong to the per-case protocol: add --mode=cases")
     output = FLAGS.output or fidelity_study.default_output()
     fidelity_study.study_command(FLAGS.profile or "auto", output=output, repeats=FLAGS.repeats, scale=FLAGS.scale,
-                                 model=FLAGS.model, steps_output=FLAGS.steps_output, argv=sys.argv)  # fmt: skip
+                                 model=FLAGS.model, steps_output=FLAGS.steps_output, probe=FLAGS.probe,
+                                 argv=sys.argv)  # fmt: skip
 
 
 def main_cases(argv):

@@ -3,6 +3,7 @@ known data, and one small study end to end (test-tiny, 2 policies, 2 rounds) wri
 
 import json
 import math
+import statistics
 
 import pytest
 
@@ -146,9 +147,13 @@ def test_a_small_study_end_to_end(tmp_path, capsys):
         assert steps["bias"] == pytest.approx(sum(r["predicted_s"] for r in w["runs"]) / steps["measured_s"] - 1)
         assert set(w["sim"]) == {"fcfs", "sjf"} and len(w["metrics"]["sjf"]) == len(fs.METRICS)
         assert all(len(r["pair_list"]) == 1 for r in w["ranking"].values())
+        # A speed probe before every real run; the simulator ran the profile times their median.
+        assert len(w["probes"]) == len(w["runs"]) == 4 and all(p["steps"] > 0 for p in w["probes"])
+        assert w["scale"] == pytest.approx(statistics.median(p["measured_s"] / p["predicted_s"] for p in w["probes"]))
     assert saved["verdicts"]["metric_figures"]["figures"] == 3 * 2 * len(fs.METRICS)
     text = study.report(saved)
     assert text in printed
     assert "Step level" in text and "Metric level" in text and "Ranking" in text
     assert "| overload | sjf |" in text and "below the issue's 5 policies" in text
     assert sum(line.startswith("- ") for line in text.splitlines()) == 4
+    assert "Speed probes (measured / predicted" in text and "over 4 probes" in text

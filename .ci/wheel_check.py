@@ -6,8 +6,9 @@ installed files and `auto` chooses them, and a short greedy generate gives known
                                                                   # the wheel's venv, from a folder outside SRC
 
 --outside SRC: cbjax and kernels_pallas must be imported from this interpreter's prefix, not from the source tree
-SRC. --fresh_cache: $XDG_CACHE_HOME must hold no kernel library yet, so the one loaded is built now, from the
-installed sources (a library cached from the source tree has the same key and would hide a missing file).
+SRC. --fresh_cache: $XDG_CACHE_HOME must hold no kernel library yet, so the one loaded is the one the wheel carries
+(built at install time, setup.py) or built now, from the installed sources (a library cached from the source tree
+has the same key and would hide a missing file).
 Prints one line saying what it checked; exits non-zero, naming the failure, otherwise.
 """
 
@@ -55,8 +56,10 @@ def check_kernels(fresh_cache: bool) -> dict:
     if library.attention_target() is None:
         fail(f"the CPU kernels are unavailable: {library.unavailable_reason()}")
     seconds = time.perf_counter() - start
-    if fresh_cache and not kernel_libraries(cache):
-        fail(f"no kernel library was built into {cache}")
+    # Built at install time into the package (setup.py); with --outside, the package is the install's.
+    prebuilt = library.library_path().parent == library.PREBUILT_DIR
+    if fresh_cache and not prebuilt and not kernel_libraries(cache):
+        fail(f"no kernel library was built into {cache}, and the install carries none")
     from cbjax.model import get_model_config, init_model
     from cbjax.model.linear_impl import resolve_cpu_matmul
     from kernels_pallas.xla_attention import resolve_decode_impl, resolve_prefill_impl

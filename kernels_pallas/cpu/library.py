@@ -10,6 +10,12 @@ so loading it fails (and the program cache compiles afresh) instead of running s
 A build is logged at INFO on the "cbjax" logger with its reason (nothing cached yet, or only other keys'
 libraries: an edited source, another compiler, jaxlib or CPU) and its duration.
 
+Built at install time too: setup.py's build step calls `build_prebuilt` into this folder's `prebuilt/` (of the wheel,
+or of the source tree for an editable install), under the same name, so that a new user's first `LLM()` loads it
+instead of compiling for ~20 s. The name carries the key, so a prebuilt library is loaded only when this process
+would have built the very same one (same sources, flags, compiler, jaxlib and CPU); otherwise (a wheel installed on
+another CPU, jaxlib upgraded since the install, an edited source) the runtime build above happens as before.
+
 Build options (`$CBJAX_CPU_BUILD`, comma-separated; each is part of the cache key, so a variant never replaces
 the default build): "no-avx512" compiles the portable loops that a CPU without AVX-512 runs (x86-64 only;
 the suite tests them on this machine), "checked" makes an out-of-range page id or context length an error
@@ -65,6 +71,8 @@ _X86 = ("x86_64", "amd64", "i686", "i386")
 _FEATURE_BITS = {"avx512f": 1, "avx2": 2, "checked": 4}
 _SYMBOL = "CbjaxCpuRaggedAttention"  # the attention's handler (attention_ffi.cc)
 _LIBRARY_PREFIX = "cpu_kernels-"  # + the build options, the build key's hash + ".so", in the cache directory
+# Libraries built at install time (setup.py), named as in the cache; read-only at run time.
+PREBUILT_DIR = _HERE / "prebuilt"
 # The packed matmul's handlers (gemm.cc): state key -> (symbol, FFI target prefix).
 _GEMM_SYMBOLS = {
     "gemm_target": ("CbjaxCpuPackedGemm", "cbjax_cpu_gemm"),
@@ -172,6 +180,19 @@ def _library_path(digest: str) -> pathlib.Path:
     return _cache_dir() / f"{_LIBRARY_PREFIX}{variant}{digest}.so"
 
 
+def find_library() -> pathlib.Path | None:
+    """The built library of this process's key: the one in the cache, else the one built at install time (in
+    `PREBUILT_DIR`, under the same name); None if neither exists (a build is due) or none can be built here."""
+    key = build_key()
+    if key is None:
+        return None
+    path = _library_path(key[0])
+    for candidate in (path, PREBUILT_DIR / path.name):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
 def _build_reason(path: pathlib.Path) -> str:
     """Why `path` is about to be built, for the log: nothing cached yet, or only other keys' libraries."""
     others = sorted(path.parent.glob(f"{_LIBRARY_PREFIX}*.so")) if path.parent.is_dir() else []
@@ -236,7 +257,7 @@ def _build(cxx: str, path: pathlib.Path) -> None:
 def _register(path: pathlib.Path, digest: str) -> None:
     if path not in _loaded:
         lib = ctypes.cdll.LoadLibrary(str(path))
-        entry = {"lib": lib, "target": f"cbjax_cpu_attention_{digest}"}
+        entry = {"lib": lib, "path": path, "target": f"cbjax_cpu_attention_{digest}"}
         jax.ffi.register_ffi_target(entry["target"], jax.ffi.pycapsule(getattr(lib, _SYMBOL)), platform="cpu")
         for key, (symbol, prefix) in _GEMM_SYMBOLS.items():
             entry[key] = f"{prefix}_{digest}"
@@ -257,7 +278,7 @@ def _ensure(build: bool) -> str | None:
             _state["error"] = reason
             return None
         digest, cxx = build_key()
-        path = _library_path(digest)
+        path = find_library() or _library_path(digest)
         try:
             if not path.is_file():
                 if not build:
@@ -274,6 +295,29 @@ def _ensure(build: bool) -> str | None:
             _state["error"] = f"{type(e).__name__}: {' '.join(str(e).split())}"
             return None
         return _state["target"]
+
+
+def build_prebuilt(directory: pathlib.Path) -> pathlib.Path:
+    """Build this process's library into `directory` (setup.py's install-time build), under the name the run time
+    looks for (`PREBUILT_DIR`), and return its path; other libraries there (older keys) are removed. BuildError
+    (one line) when it cannot be built here (`unbuildable_reason()`) or the compiler fails."""
+    reason = unbuildable_reason()
+    if reason is not None:
+        raise BuildError(reason)
+    digest, cxx = build_key()
+    directory = pathlib.Path(directory)
+    path = directory / _library_path(digest).name
+    for old in directory.glob(f"{_LIBRARY_PREFIX}*.so") if directory.is_dir() else ():
+        if old != path:
+            old.unlink()
+    _build(cxx, path)
+    return path
+
+
+def library_path() -> pathlib.Path | None:
+    """The file of the library this process loaded: in the cache, or in `PREBUILT_DIR` (built at install time);
+    None if none is loaded (call a `*_target()` first)."""
+    return _state.get("path")
 
 
 def compiler_found() -> bool:

@@ -2,9 +2,16 @@
 
 A program is built by tracing and lowering the step (Python, holds the GIL) and compiling it with XLA (releases
 the GIL; served by the persistent compilation cache when it has it, see jax_cache.py). Building every bucket
-before the first step cost ~40 s on 2 cores, so the engine by default builds them in a background thread,
-smallest first, while it already serves: a step whose program is not built yet builds it at once on its own
-thread (it does not wait behind the queue), and waits only for a program already being built.
+before the first step cost ~40 s on 2 cores, so the engine by default builds them in the background while it
+already serves: a step whose program is not built yet builds it at once on its own thread (it does not wait behind
+the queue), and waits only for a program already being built.
+
+One background builder serves every family of the process (plain steps, verify steps, blocks of decode steps, a
+draft's prefills): one program at a time, the smallest bucket of any family first, on a thread of lowered OS
+priority (nice +10, Linux). A thread per family built three or four programs at once on 2 cores, and they took
+the cores from the steps being served (issue 37: calls right after construction ran at 0.30x with a draft model);
+at a lower priority the builder gets what the served steps leave (experiments/first_minute.py measures it; the GIL,
+which tracing holds, is still shared: a shorter thread switch interval while building did not clearly pay there).
 
 Programs are shared by every runner of the process with the same model, shapes and options (`ProgramKey`): a
 second engine builds nothing.
@@ -12,6 +19,9 @@ second engine builds nothing.
 
 import atexit
 import concurrent.futures
+import heapq
+import itertools
+import os
 import threading
 from collections.abc import Callable, Hashable, Sequence
 
@@ -22,17 +32,69 @@ from cbjax.runner.compilation.counter import CompileCounter
 _SHARED: dict[Hashable, concurrent.futures.Future] = {}
 _SHARED_LOCK = threading.Lock()
 
-# Background builders stop at interpreter exit: a daemon thread still inside XLA when the process tears down
+# The background builder stops at interpreter exit: a daemon thread still inside XLA when the process tears down
 # aborts it ("terminate called ... exception not rethrown"), so exit waits for the program being built, not the rest.
 _EXITING = threading.Event()
-_BACKGROUND: list[threading.Thread] = []
+BACKGROUND_NICE = 10  # added to the builder thread's OS priority (Linux: a thread's nice is its own)
+
+
+class _BackgroundBuilder:
+    """The process's one background build queue: (bucket, order submitted, family), smallest bucket first. Its
+    thread runs while the queue has work and ends when it is empty; the next `submit` starts a new one."""
+
+    def __init__(self):
+        self._queue: list[tuple[int, int, ProgramFamily]] = []
+        self._order = itertools.count()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, family: "ProgramFamily") -> None:
+        with self._lock:
+            for T in family.buckets:
+                heapq.heappush(self._queue, (T, next(self._order), family))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="cbjax-compile", daemon=True)
+                self._thread.start()
+
+    def _next(self) -> "tuple[int, ProgramFamily] | None":
+        with self._lock:
+            if not self._queue or _EXITING.is_set():
+                self._thread = None
+                return None
+            T, _, family = heapq.heappop(self._queue)
+            return T, family
+
+    def _run(self) -> None:
+        _lower_priority()
+        while (item := self._next()) is not None:
+            T, family = item
+            try:
+                family.get(T)
+            except Exception:  # the step that needs this bucket builds it again and raises
+                continue
+
+    def join(self) -> None:
+        """Until the queue is empty (or exit is under way) and the thread has ended."""
+        while (thread := self._thread) is not None and thread.is_alive():
+            thread.join()
+
+
+def _lower_priority() -> None:
+    """Lower the calling thread's OS priority by BACKGROUND_NICE, where the OS allows it (best effort)."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + BACKGROUND_NICE))
+    except (AttributeError, OSError):  # not Linux/Unix, or not permitted: build at the same priority
+        pass
+
+
+_BUILDER = _BackgroundBuilder()
 
 
 @atexit.register
 def _stop_background_builds() -> None:
     _EXITING.set()
-    for thread in _BACKGROUND:
-        thread.join()
+    _BUILDER.join()
 
 
 class ProgramFamily:
@@ -52,7 +114,7 @@ class ProgramFamily:
         self._compiles = compiles
         self._ready: dict[int, object] = {}
         self._primed: set[int] = set()  # buckets whose program `prime` has run
-        self._background: threading.Thread | None = None
+        self._submitted = False  # queued on the background builder
 
     def get(self, T: int):
         """Bucket T's program: built already, waited for if another thread builds it, else built now."""
@@ -86,25 +148,15 @@ class ProgramFamily:
             self.get(T)
 
     def start_background(self) -> None:
-        """Build every bucket's program in a background thread, smallest first (decode steps use the small ones)."""
-        if self._background is None:
-            self._background = threading.Thread(target=self._build_quietly, name="cbjax-compile", daemon=True)
-            _BACKGROUND[:] = [t for t in _BACKGROUND if t.is_alive()] + [self._background]  # finished: dropped
-            self._background.start()
-
-    def _build_quietly(self) -> None:
-        for T in self.buckets:
-            if _EXITING.is_set():
-                return
-            try:
-                self.get(T)
-            except Exception:  # the step that needs this bucket builds it again and raises
-                continue
+        """Queue every bucket's program on the process's background builder (see the module docstring): smallest
+        first, with the other families' (decode steps use the small ones)."""
+        if not self._submitted:
+            self._submitted = True
+            _BUILDER.submit(self)
 
     def wait(self) -> None:
-        """Until every bucket's program is built (the background thread's work, if any, included)."""
-        if self._background is not None:
-            self._background.join()
+        """Until every bucket's program is built: a program the background builder is building is waited for, one
+        it has not reached yet is built now, on this thread."""
         self.build_all()
 
     def prime(self, run: Callable[[int], object]) -> None:
@@ -122,6 +174,12 @@ class ProgramFamily:
     @property
     def num_ready(self) -> int:
         return sum(1 for T in self.buckets if T in self._ready)
+
+
+def join_background() -> None:
+    """Until the background builder has built everything queued on it (tools and tests that want the builds to
+    happen there, not on their own thread as `ProgramFamily.wait` does)."""
+    _BUILDER.join()
 
 
 def clear_shared_programs() -> None:

@@ -23,6 +23,9 @@ from cbjax.engine_config import EngineConfig
 from cbjax.model.config import ModelConfig
 from cbjax.model.llama import Llama
 
+# Read per token: an enum member read off its class costs ~0.1 us on Python 3.11, a global ~0.01 us.
+_FINISHED = RequestStatus.FINISHED
+
 
 class LLMEngine:
     """Serve many requests at once with iteration-level scheduling over a paged KV cache.
@@ -199,12 +202,11 @@ class LLMEngine:
         keep = 1 if self.config.scheduler.async_scheduling and dispatched and not drafts else 0
         changed += self._receive(keep, t0)
         if not self.stream_outputs:  # building an output per token was ~10% of a simulated run's time
-            finished = RequestStatus.FINISHED  # (a local: reading an enum member costs ~0.1 us on Python 3.11)
-            changed = [r for r in changed if r.status is finished]
-        # Once per token received (speculation, blocks: several a step); often none when streaming is off (no Counter)
-        new_tokens = collections.Counter(changed) if changed else {}
-        outputs = [self._output(r, n) for r, n in new_tokens.items()] + [self._output(r, 0) for r in self._pending]
-        self._pending.clear()
+            changed = [r for r in changed if r.status is _FINISHED]
+        outputs = self._outputs(changed) if changed else []
+        if self._pending:
+            outputs += [self._output(r, 0) for r in self._pending]
+            self._pending.clear()
         return outputs
 
     def _receive(self, keep: int, t0: float) -> list[Request]:
@@ -240,22 +242,24 @@ class LLMEngine:
             prefix_hit_tokens=sched.pool.hit_tokens,
         )
 
+    def _outputs(self, changed: list[Request]) -> list[RequestOutput]:
+        """One output per request in `changed` (in order of first appearance), with as many new tokens as it appears
+        times: once per token received (several with speculation or a block of decode steps)."""
+        counts = dict.fromkeys(changed, 1)
+        if len(counts) != len(changed):
+            counts = collections.Counter(changed)
+        output = self._output
+        return [output(r, n) for r, n in counts.items()]
+
     def _output(self, req: Request, num_new: int) -> RequestOutput:
-        finished = req.status is RequestStatus.FINISHED
+        finished = req.status is _FINISHED
         if finished:
             self.requests.pop(req.request_id, None)
-        reason = req.finish_reason.value if req.finish_reason is not None else None
-        n = len(req.output_token_ids) - req.num_pending_tokens
-        tokens = req.output_token_ids[:n]  # what the host has received (known_output_token_ids)
-        new = tokens[n - num_new :] if num_new else []
-        return RequestOutput(
-            req.request_id,
-            req.prompt_token_ids,
-            [CompletionOutput(0, tokens, new, reason)],
-            finished,
-            req.metrics,
-            error=req.error,
-        )
+        reason = req.finish_reason
+        tokens = req.output_token_ids
+        n = len(tokens) - req.num_pending_tokens  # what the host has received (known_output_token_ids)
+        completion = CompletionOutput.received(0, tokens, n, num_new, None if reason is None else reason.value)
+        return RequestOutput(req.request_id, req.prompt_token_ids, [completion], finished, req.metrics, req.error)
 
     def _record_step(self, handle: StepHandle, host_s: float, counts: dict[str, int]) -> None:
         sched, runner, out = self.scheduler, self.runner, handle.out

@@ -22,6 +22,10 @@ add to a run and, unlike the replay, needs no second timing of a machine whose s
 update and the rest of the engine's step (cbjax/bench/host_timers.py), medians over the runs; and
 `host_cpu_share`, the host's CPU time over the wall time.
 
+--stream: drive `LLMEngine.step()` directly with every token streamed, as the server does (each step returns an
+output per request that got a token, and the loop reads its `new_token_ids`), instead of `LLM.generate`, which
+asks the engine for finished outputs only. The deltas read are checked against the final outputs after each run.
+
 --doc_data PATH: also write a data file for the docs (cbjax/bench/doc_data.py): one run per timed repeat (its
 wall time, throughput, host shares) with the workload, model, dtype and engine options as labels, and this
 process's whole JSON line as `result`. experiments/throughput_vs_vllm.py runs this script and vLLM in rounds.
@@ -58,6 +62,7 @@ flags.DEFINE_bool("ignore_eos", True, "generate every max_new_tokens (the peers'
 flags.DEFINE_integer("repeats", 1, "timed runs on the same engine; wall_s is their median")
 flags.DEFINE_bool("replay_device", False, "time the last run's steps again with no host work (device-only time)")
 flags.DEFINE_bool("host_split", False, "time the host's CPU per step by part (cbjax/bench/host_timers.py)")
+flags.DEFINE_bool("stream", False, "LLMEngine.step() streaming every token (the server's way) instead of LLM.generate")
 flags.DEFINE_string("dump_dir", None, "write the generated token ids to DIR/cbjax.json (for peers/compare.py)")
 flags.DEFINE_string("doc_data", None, "also write a data file for the docs: one run per timed repeat")
 FLAGS = flags.FLAGS
@@ -121,6 +126,31 @@ def engine_options(wl: list) -> dict:
     return opts
 
 
+def stream_run(engine, prompts: list, params: list, tag: str) -> list:
+    """The workload through `engine.step()` with streaming on, as a server runs it: every step's outputs read, each
+    request's deltas collected. Returns the final outputs in prompt order; raises if the deltas read do not add up
+    to them."""
+    ids = [f"{tag}-{i}" for i in range(len(prompts))]
+    for rid, prompt, sp in zip(ids, prompts, params):
+        engine.add_request(rid, prompt, sp)
+    streamed, engine.stream_outputs = engine.stream_outputs, True
+    deltas: dict[str, list[int]] = {rid: [] for rid in ids}
+    finished = {}
+    try:
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                deltas[out.request_id] += out.outputs[0].new_token_ids
+                if out.finished:
+                    finished[out.request_id] = out
+    finally:
+        engine.stream_outputs = streamed
+    outs = [finished[rid] for rid in ids]
+    for rid, out in zip(ids, outs):
+        if deltas[rid] != out.outputs[0].token_ids:
+            raise RuntimeError(f"request {rid}: the streamed deltas differ from its final output")
+    return outs
+
+
 def request_latency_ms(outs) -> dict:
     """TTFT and TPOT percentiles in ms ({ttft,tpot}_ms_{p50,p90,p99}) of a run's outputs, vLLM's definitions:
     TTFT from arrival (queueing included) to the first token, TPOT = (E2E - TTFT) / (output tokens - 1)."""
@@ -165,6 +195,7 @@ def write_runs(path: str, result: dict) -> None:
         "engine": "cbjax",
         "dtype": FLAGS.matmul_dtype or FLAGS.dtype,
         "num_scheduler_steps": result.get("num_scheduler_steps"),
+        "stream": FLAGS.stream,
     }
     per_run = {"host_busy_share": "host_busy_share_runs", "host_cpu_share": "host_cpu_share_runs"}
     per_run["host_overhead"] = "host_overhead_runs"
@@ -195,14 +226,16 @@ def main(argv):
     recorded = record_steps(engine.runner) if FLAGS.replay_device else None
     timers = HostTimers(engine) if FLAGS.host_split else None
     splits = []
-    for _ in range(FLAGS.repeats):
+    if FLAGS.stream and FLAGS.data_parallel_size != 1:
+        raise app.UsageError("--stream drives one LLMEngine: use it with --data_parallel_size 1")
+    for rep in range(FLAGS.repeats):
         if recorded is not None:
             recorded.clear()
         first_step = len(engine.step_records)
         if timers is not None:
             timers.reset()
         t0 = time.perf_counter()
-        outs = llm.generate(prompts, params)
+        outs = stream_run(engine, prompts, params, f"r{rep}") if FLAGS.stream else llm.generate(prompts, params)
         walls.append(time.perf_counter() - t0)
         steps = engine.step_records[first_step:]
         host_busy.append(sum(s["host_s"] for s in steps) / walls[-1])
@@ -241,6 +274,7 @@ def main(argv):
         "compiles_after_warmup": engine.num_compiles - compiles_before,
         **latency,  # the last run's TTFT / TPOT (offline: all arrive at the start)
         **{k: v for k, v in engine.config.options().items() if k in opts or k in ("num_pages", "num_scheduler_steps")},
+        "stream": FLAGS.stream,
         "cpu": cpu_model(),
     }
     if splits:

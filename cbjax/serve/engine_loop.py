@@ -3,7 +3,9 @@
 The engine is not thread-safe, so only this thread calls `add_request`, `step` and `abort_request`. The event loop
 of the HTTP server enqueues commands (`submit`, `abort`) on a `queue.SimpleQueue`; the thread takes them between
 steps and, when no request is unfinished, blocks on that queue (no busy spin). Each request's events go to its
-own `asyncio.Queue` through `loop.call_soon_threadsafe`, as soon as the step that made them has ended:
+own `asyncio.Queue` as soon as the step that made them has ended: a step's token events go over together, in one
+`loop.call_soon_threadsafe` per event loop (each call wakes the loop through a write to its self-pipe: one per
+streaming request per step was the serving thread's largest cost per token after the step itself):
 
   ("accepted", None)                    the engine took the request
   ("rejected", message)                 the engine refused it (its ValueError's message: a 400)
@@ -155,6 +157,15 @@ class EngineLoop:
         with contextlib.suppress(RuntimeError):  # RuntimeError: that event loop is closed, nobody listens any more
             h.aloop.call_soon_threadsafe(h.events.put_nowait, event)
 
+    def _send_all(self, batch: list[tuple[RequestHandle, tuple]]) -> None:
+        """Send a step's events, in order: one call per event loop that has any (a server has one)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for item in batch:
+            by_loop.setdefault(item[0].aloop, []).append(item)
+        for aloop, items in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # (as in _send)
+                aloop.call_soon_threadsafe(_put_all, items)
+
     def _run(self) -> None:
         try:
             self._loop()
@@ -199,11 +210,13 @@ class EngineLoop:
                 self._publish()
                 return
             if engine.has_unfinished_requests():
-                now = time.monotonic()
+                now, batch, live = time.monotonic(), [], self._live
                 for out in engine.step():
-                    h = self._live.get(out.request_id)
+                    h = live.get(out.request_id)
                     if h is not None:
-                        self._deliver(h, out.outputs[0], now)
+                        self._deliver(h, out.outputs[0], now, batch)
+                if batch:
+                    self._send_all(batch)
                 # The engine keeps a record per step for offline metrics; a server that runs for days must not.
                 engine.step_records.clear()
             self._expire(time.monotonic())
@@ -244,9 +257,11 @@ class EngineLoop:
         if event is not None:
             self._send(h, event)
 
-    def _deliver(self, h: RequestHandle, c, now: float) -> None:
+    def _deliver(self, h: RequestHandle, c, now: float, batch: list) -> None:
+        """Account one output's delta and queue its event on `batch` (closing the request when it is the last)."""
         m = self.metrics
-        n = len(c.new_token_ids)
+        new = c.new_token_ids
+        n = len(new)
         if n:
             if h.last_token is None:
                 m.ttft.observe(now - h.arrival)
@@ -256,12 +271,11 @@ class EngineLoop:
             h.last_token = now
             h.num_tokens += n
             m.generation_tokens.inc(n)
-        event = ("tokens", list(c.new_token_ids), c.finish_reason)
-        if c.finish_reason is None:
-            self._send(h, event)
-            return
-        m.e2e.observe(now - h.arrival)
-        self._close(h, event, c.finish_reason)
+        reason = c.finish_reason
+        if reason is not None:
+            m.e2e.observe(now - h.arrival)
+            self._close(h, None, reason)
+        batch.append((h, ("tokens", new, reason)))  # (the view's own list: the output is read by nobody else)
 
     def _expire(self, now: float) -> None:
         for h in list(self._live.values()):
@@ -282,3 +296,9 @@ class EngineLoop:
         with self._lock:
             self._num_waiting = len(sched.waiting)
             self._free_slots = max(0, self.engine.config.scheduler.max_num_seqs - len(sched.running))
+
+
+def _put_all(items: list[tuple[RequestHandle, tuple]]) -> None:
+    """On the event loop: hand each event to its request's queue."""
+    for h, event in items:
+        h.events.put_nowait(event)

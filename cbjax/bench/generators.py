@@ -1,5 +1,5 @@
-"""Workload generators: independent random lengths, the chat/RAG/code long-short mix, shared system prompts.
-Every request arrives at 0 here; `make_workload` sets the arrival times."""
+"""Workload generators: independent random lengths, the chat/RAG/code long-short mix, shared system prompts,
+multi-turn sessions. Every request (every session) starts at 0 here; `make_workload` sets the arrival times."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from cbjax.bench.fields import as_float, as_int
+from cbjax.bench.fields import as_choice, as_float, as_int, check_fields, get_field
 from cbjax.bench.lengths import LengthSpec
 from cbjax.bench.requests import (
     DEFAULT_LONG_THRESHOLD,
@@ -178,3 +178,125 @@ def shared_prefix_workload(
             )
         )
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ThinkTime:
+    """Seconds a user pauses between reading an answer and sending the next message.
+
+    dist="fixed":       every pause is `value` (>= 0).
+    dist="exponential": mean `mean` (> 0): memoryless pauses, most short, a few long.
+    dist="lognormal":   mean `mean` (> 0) and `sigma` (>= 0) of the log: the heavier tail measured in chat logs.
+    """
+
+    dist: str = "fixed"
+    value: float | None = None
+    mean: float | None = None
+    sigma: float | None = None
+    field: str = dataclasses.field(default="think_time_s", compare=False)  # name used in error messages
+
+    _FIELDS = ("dist", "value", "mean", "sigma")
+
+    def __post_init__(self) -> None:
+        f = self.field
+        as_choice(self.dist, f"{f}.dist", ("fixed", "exponential", "lognormal"))
+        if self.dist == "fixed":
+            if self.value is None or as_float(self.value, f"{f}.value") < 0:
+                raise ValueError(f"{f}.value must be a number of seconds >= 0 for dist='fixed', got {self.value!r}")
+            return
+        if self.mean is None:
+            raise ValueError(f"{f}.mean is required for dist={self.dist!r}")
+        as_float(self.mean, f"{f}.mean", positive=True)
+        if self.dist == "lognormal" and (self.sigma is None or as_float(self.sigma, f"{f}.sigma") < 0):
+            raise ValueError(f"{f}.sigma must be a number >= 0 for dist='lognormal', got {self.sigma!r}")
+
+    @classmethod
+    def from_config(cls, spec, field: str = "think_time_s") -> ThinkTime:
+        """A bare number (fixed seconds) or a mapping with the fields above."""
+        if isinstance(spec, ThinkTime):
+            return dataclasses.replace(spec, field=field)
+        if isinstance(spec, (int, float)) and not isinstance(spec, bool):
+            return cls(dist="fixed", value=spec, field=field)
+        if spec is None or isinstance(spec, (str, bytes)):
+            raise ValueError(f"{field} must be a number of seconds or a mapping with 'dist', ..., got {spec!r}")
+        check_fields(spec, cls._FIELDS, field)
+        kwargs = {k: get_field(spec, k) for k in cls._FIELDS}
+        kwargs["dist"] = get_field(spec, "dist", "fixed")
+        return cls(field=field, **kwargs)
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        if self.dist == "fixed":
+            return np.full(n, float(self.value))
+        if self.dist == "exponential":
+            return rng.exponential(float(self.mean), size=n)
+        sigma = float(self.sigma)
+        return rng.lognormal(math.log(self.mean) - sigma**2 / 2, sigma, size=n)
+
+
+def session_workload(
+    num_sessions: int,
+    *,
+    prompt_len: LengthSpec,
+    message_len: LengthSpec,
+    output_len: LengthSpec,
+    num_turns: LengthSpec,
+    think_time: ThinkTime,
+    one_shot_fraction: float = 0.0,
+    seed: int = 0,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    low_id: int = DEFAULT_LOW_ID,
+    max_model_len: int | None = None,
+    long_threshold: int = DEFAULT_LONG_THRESHOLD,
+) -> list[list[WorkloadRequest]]:
+    """Multi-turn conversations, one list of turns per arrival (cbjax/bench/sessions.py runs them closed-loop).
+
+    A share `one_shot_fraction` of the arrivals (exact, seeded order) are one-shot requests ("one-<i>", tenant
+    "one_shot"): a prompt of `prompt_len`, no session. The others are sessions ("s<i>-t<k>", tenant "session") of
+    `num_turns` turns: turn 0's prompt is `prompt_len` random ids; turn k > 0 carries only its new message
+    (`message_len` ids) and a think time; every answer is `output_len` tokens. Greedy with EOS ignored, answers are
+    exactly that long, so every turn's full prompt length is known here: a session ends before the first turn whose
+    prompt + answer would exceed `max_model_len` (length_class is judged on that full prompt). Turn 0 starts at 0
+    and turn k's `arrival_time` is the sum of the think times before it (its earliest possible arrival).
+    """
+    one_shot_fraction = as_float(one_shot_fraction, "one_shot_fraction")
+    if not 0.0 <= one_shot_fraction <= 1.0:
+        raise ValueError(f"one_shot_fraction must be in [0, 1], got {one_shot_fraction}")
+    vocab_size, low_id = check_vocab(vocab_size, low_id)
+    n_one = _exact_counts(num_sessions, [one_shot_fraction, 1.0 - one_shot_fraction])[0]
+    one_shot = np.zeros(num_sessions, dtype=bool)
+    one_shot[:n_one] = True
+    rng_for(seed, Stream.MIX).shuffle(one_shot)
+    first = prompt_len.sample(rng_for(seed, Stream.PROMPT), num_sessions)
+    turns = num_turns.sample(rng_for(seed, Stream.TURNS), num_sessions)
+    out_rng, msg_rng = rng_for(seed, Stream.OUTPUT), rng_for(seed, Stream.MESSAGE)
+    think_rng = rng_for(seed, Stream.THINK)
+    tok = rng_for(seed, Stream.TOKENS)
+    arrivals = []
+    for i in range(num_sessions):
+        k_max = 1 if one_shot[i] else int(turns[i])
+        # Lengths and think times are drawn for every turn, kept or not, so max_model_len cuts sessions short
+        # without changing the lengths of the others.
+        outs = output_len.sample(out_rng, k_max)
+        msgs = message_len.sample(msg_rng, k_max)
+        thinks = think_time.sample(think_rng, k_max)
+        context, start, group = 0, 0.0, []
+        for k in range(k_max):
+            new = int(first[i]) if k == 0 else int(msgs[k])
+            prompt = context + new
+            if k > 0 and max_model_len is not None and prompt + int(outs[k]) > max_model_len:
+                break
+            start += 0.0 if k == 0 else float(thinks[k])
+            ids = random_token_ids(tok, new, vocab_size, low_id)
+            cls = length_class_of(prompt, int(outs[k]), long_threshold)
+            if one_shot[i]:
+                group.append(WorkloadRequest(f"one-{i}", 0.0, ids, int(outs[k]), tenant="one_shot", length_class=cls))
+            else:
+                group.append(
+                    WorkloadRequest(
+                        f"s{i}-t{k}", start, ids, int(outs[k]), tenant="session", length_class=cls,
+                        session_id=f"s{i}", turn=k, think_time_s=0.0 if k == 0 else float(thinks[k]),
+                    )
+                )  # fmt: skip
+            context = prompt + int(outs[k])
+        arrivals.append(group)
+    return arrivals

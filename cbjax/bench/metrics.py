@@ -21,6 +21,12 @@ Goodput = completed requests meeting every given SLO, per second. SLOs are {"ttf
 
 Statistics of each latency: `<name>_ms_{mean,p50,p90,p99,std}` (np.percentile with linear interpolation, std with
 ddof=0 like vLLM); repeated with a "short_" / "long_" prefix for each length class. Empty samples give NaN.
+
+The TTFT tail, where a policy starves some requests: ttft_ms_max, and ttft_worst5_share = the share of the summed
+TTFT of all completed requests that the worst 5% of them (by TTFT, ceil(5% of n)) carry: 0.05 when every request
+waits alike, near 1 when a few wait for everyone. Multi-turn sessions: {first,later}_turn_ttft_ms_{mean,p50,p99}
+split TTFT between first turns (and one-shot requests: nothing of theirs is cached) and later turns (whose prompt
+holds the conversation so far).
 """
 
 from __future__ import annotations
@@ -34,7 +40,16 @@ import numpy as np
 
 from cbjax.bench.requests import LENGTH_CLASSES
 
-__all__ = ["SLO_KEYS", "RequestRecord", "StepRecord", "percentiles", "request_latencies", "step_summary", "summarize"]
+__all__ = [
+    "SLO_KEYS",
+    "RequestRecord",
+    "StepRecord",
+    "percentiles",
+    "request_latencies",
+    "step_summary",
+    "summarize",
+    "worst_share",
+]
 
 FINISH_REASONS = ("stop", "length", "abort", None)
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
@@ -60,6 +75,7 @@ class RequestRecord:
     length_class: str = "short"
     tenant: str = "default"
     num_preemptions: int = 0
+    turn: int = 0  # a multi-turn session's turn (0: its first, or a one-shot request)
 
     def __post_init__(self) -> None:
         where = f"RequestRecord {self.request_id!r}"
@@ -175,6 +191,24 @@ def _latency_stats(requests: Sequence[RequestRecord], prefix: str) -> dict[str, 
     for name, samples in request_latencies(requests).items():
         for stat, v in percentiles(np.asarray(samples) * 1e3).items():
             out[f"{prefix}{name}_ms_{stat}"] = v
+    return out
+
+
+def worst_share(values: Sequence[float], fraction: float = 0.05) -> float:
+    """The share of sum(values) carried by the largest ceil(fraction * n) values; NaN when empty or all zero."""
+    x = np.sort(np.asarray(values, dtype=np.float64))[::-1]
+    total = float(x.sum())
+    if x.size == 0 or total <= 0:
+        return NAN
+    return float(x[: math.ceil(fraction * x.size)].sum()) / total
+
+
+def _ttft_tail(done: Sequence[RequestRecord]) -> dict[str, float]:
+    ttft = [t for r in done if (t := _ttft(r)) is not None]
+    out = {"ttft_ms_max": max(ttft) * 1e3 if ttft else NAN, "ttft_worst5_share": worst_share(ttft)}
+    for name, group in (("first_turn", [r for r in done if r.turn == 0]), ("later_turn", [r for r in done if r.turn])):
+        stats = percentiles([t * 1e3 for r in group if (t := _ttft(r)) is not None], (50, 99))
+        out.update({f"{name}_ttft_ms_{k}": stats[k] for k in ("mean", "p50", "p99")})
     return out
 
 
@@ -325,7 +359,8 @@ def summarize(
     total_output_tokens, num_preempted_requests, request_preemptions; per class: {short,long}_num_requests and
     {short,long}_completion_rate (completed / requests of the class; NaN without any).
     Rates: duration_s, request_throughput, output_throughput, total_token_throughput, goodput, slo_attainment.
-    Latencies: {,short_,long_}{ttft,tpot,itl,e2e,queue}_ms_{mean,p50,p90,p99,std}.
+    Latencies: {,short_,long_}{ttft,tpot,itl,e2e,queue}_ms_{mean,p50,p90,p99,std}; the TTFT tail: ttft_ms_max,
+    ttft_worst5_share, {first,later}_turn_ttft_ms_{mean,p50,p99}.
     """
     requests = list(requests)
     slo_s = _check_slo(slo)
@@ -359,6 +394,7 @@ def summarize(
         "slo_attainment": num_good / len(requests) if requests else NAN,
     }
     out.update(_latency_stats(done, ""))
+    out.update(_ttft_tail(done))
     for cls in LENGTH_CLASSES:
         group = [r for r in requests if r.length_class == cls]
         out[f"{cls}_num_requests"] = len(group)

@@ -12,6 +12,8 @@ options plus client behaviour by `plan_policy`, so every baseline runs on the sa
 `horizon_s` ends a run at that time (seconds from its start): what is still in flight is aborted and counts as not
 completed, which is how a starving policy shows in the completion rates.
 
+Multi-turn sessions run closed-loop: a turn arrives only after the previous one finished (cbjax/bench/sessions.py).
+
 Clocks: the engine's own clock is used. With a `cbjax.core.VirtualClock` the loop never sleeps; each step moves
 the clock by `step_cost_s` (fixed: reproducible tests) or by the step's measured wall time (None). The move happens
 inside the step (the engine's `after_execute` hook), after the model ran and before the scheduler stamps the
@@ -31,12 +33,12 @@ import gc
 import logging
 import math
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from cbjax.bench.metrics import RequestRecord, StepRecord
 from cbjax.bench.requests import WorkloadRequest
+from cbjax.bench.sessions import Arrivals
 from cbjax.core.clock import VirtualClock
 from cbjax.core.outputs import RequestOutput
 from cbjax.core.policy_zoo import POLICIES
@@ -114,7 +116,8 @@ class OnlineResult:
     requests: list[RequestRecord]
     steps: list[StepRecord]
     interrupted: bool = False
-    num_not_arrived: int = 0  # workload requests whose arrival time had not come when the run was interrupted
+    # requests whose arrival time had not come when the run was interrupted; sessions' turns never sent (sessions.py)
+    num_not_arrived: int = 0
     wall_s: float = 0.0  # real seconds the loop ran (on a virtual clock: how long the simulation took)
     # request id -> generated token ids, for completed requests (checks that policies agree on the outputs)
     output_token_ids: dict[str, list[int]] = dataclasses.field(default_factory=dict)
@@ -169,7 +172,8 @@ class _OnlineRun:
         self.horizon_s = horizon_s
         self.client = client
         self.on_step = on_step
-        self.pending = deque(sorted(workload, key=lambda r: r.arrival_time))
+        # What is yet to arrive; a multi-turn session's later turns arrive only once the turn before has finished.
+        self.pending = Arrivals(workload)
         self.by_id = {r.request_id: r for r in workload}
         if len(self.by_id) != len(workload):
             raise ValueError("workload request ids must be unique")
@@ -208,8 +212,8 @@ class _OnlineRun:
     def next_event(self) -> float | None:
         """When something can next change while nothing runs: an arrival, the client window, a static timeout."""
         times = []
-        if self.pending:
-            times.append(self.pending[0].arrival_time)
+        if self.pending.next_time() is not None:
+            times.append(self.pending.next_time())
         if self.held:
             times.append(self.held[0].arrival_time + self.client.window_s)
         policy_time = self.engine.next_event_time()
@@ -222,8 +226,7 @@ class _OnlineRun:
     # ---- arrivals -----------------------------------------------------------------------------------------------
     def admit_arrivals(self) -> None:
         now = self.now()
-        while self.pending and self.pending[0].arrival_time <= now:
-            req = self.pending.popleft()
+        while (req := self.pending.pop_due(now)) is not None:
             if self.client is None:
                 self.submit([req])
             else:
@@ -237,6 +240,7 @@ class _OnlineRun:
 
     def submit(self, reqs: Sequence[WorkloadRequest]) -> None:
         for r in reqs:
+            self.by_id[r.request_id] = r  # a session's later turn: as released, its prompt built then
             try:
                 # The nominal arrival time: a request that arrived during a step waited in the server's queue,
                 # and one held by the client batcher waited at the client; both waits count in its TTFT.
@@ -253,6 +257,7 @@ class _OnlineRun:
             except ValueError:
                 # The engine says why (too long for the pool, ...); the record counts it as aborted, as vLLM does.
                 self.refused[r.request_id] = self.now()
+                self.pending.finished(r, None, self.t0)
 
     # ---- the loop -----------------------------------------------------------------------------------------------
     def step(self) -> bool:
@@ -264,6 +269,7 @@ class _OnlineRun:
             self.submitted[out.request_id] = out
             if out.finished:
                 self.finished[out.request_id] = out
+                self.pending.finished(self.by_id[out.request_id], out, self.t0)  # a session's next turn
         ran = self.engine.num_steps > steps_before
         if ran:
             self.num_steps += 1
@@ -325,6 +331,7 @@ class _OnlineRun:
                     finish_reason="abort",
                     length_class=r.length_class,
                     tenant=r.tenant,
+                    turn=r.turn,
                 )
             )
         records.sort(key=lambda rec: (rec.arrival_time, rec.request_id))
@@ -340,6 +347,7 @@ class _OnlineRun:
                 finish_reason="abort",
                 length_class=req.length_class,
                 tenant=req.tenant,
+                turn=req.turn,
             )
         m = out.metrics
         comp = out.outputs[0]
@@ -366,6 +374,7 @@ class _OnlineRun:
             length_class=req.length_class,
             tenant=req.tenant,
             num_preemptions=m.num_preemptions,
+            turn=req.turn,
         )
 
 
@@ -419,7 +428,7 @@ def run_online(
             run.request_records(),
             steps,
             interrupted,
-            len(run.pending) if interrupted or cut else 0,
+            (len(run.pending) if interrupted or cut else 0) + run.pending.num_dropped,
             time.perf_counter() - wall0,
             outputs,
         )

@@ -29,6 +29,9 @@ class Stream(enum.IntEnum):
     TOKENS = 3
     MIX = 4
     PREFIX = 5
+    TURNS = 6  # sessions: turns per session
+    THINK = 7  # sessions: think times between turns
+    MESSAGE = 8  # sessions: lengths of the later turns' messages
 
 
 def rng_for(seed: int, stream: Stream) -> np.random.Generator:
@@ -43,6 +46,13 @@ class WorkloadRequest:
     the ids are then `tokenize(prompt)` if a tokenizer was given to the loader, else placeholder ids of the
     estimated length (`approx_num_tokens`), which is what a random-init model needs.
     `deadline` is absolute, in seconds from the start of the run, like `arrival_time`.
+
+    Multi-turn sessions (cbjax/bench/sessions.py): the turns of one conversation share `session_id` and are numbered
+    by `turn` from 0. Turn 0 is an ordinary request. A later turn's `prompt_token_ids` hold only its new user
+    message: its prompt is the previous turn's prompt + the tokens the engine generated for it + this message,
+    known only once the previous turn finishes, and it arrives `think_time_s` after that (the online loop releases
+    it then). Its `arrival_time` in the workload is the earliest it could arrive (the session's start plus the
+    think times before it, as if every turn were served instantly).
     """
 
     request_id: str
@@ -54,6 +64,21 @@ class WorkloadRequest:
     deadline: float | None = None
     length_class: str = "short"  # "short" or "long"
     prompt: str | None = None
+    session_id: str | None = None  # None: a one-shot request
+    turn: int = 0  # 0: the session's first turn (or a one-shot request)
+    think_time_s: float = 0.0  # a later turn: the user's pause between the previous answer and this message
+
+    def __post_init__(self) -> None:
+        where = f"request {self.request_id!r}"
+        if isinstance(self.turn, bool) or not isinstance(self.turn, int) or self.turn < 0:
+            raise ValueError(f"{where}: turn must be an integer >= 0, got {self.turn!r}")
+        think = self.think_time_s
+        if isinstance(think, bool) or not isinstance(think, (int, float)) or not 0 <= think < float("inf"):
+            raise ValueError(f"{where}: think_time_s must be a finite number of seconds >= 0, got {think!r}")
+        if self.session_id is None and (self.turn or think):
+            raise ValueError(f"{where}: turn and think_time_s belong to a session's turns: it needs a session_id")
+        if self.turn == 0 and think:
+            raise ValueError(f"{where}: a session's first turn arrives by its arrival_time, not after a think time")
 
     @property
     def prompt_len(self) -> int:

@@ -5,9 +5,9 @@ Everything in cbjax.bench is pure Python + numpy (no jax), so experiments and te
 A workload is a list of `WorkloadRequest` (cbjax.bench.requests), sorted by `arrival_time` (seconds from the start
 of the run). `make_workload` is the one entry point an experiment needs; the pieces it is built from are public
 so tests and notebooks can use them directly: `LengthSpec` (lengths.py), `arrival_times` (arrivals.py),
-`synthetic_workload`, `mixed_workload`, `shared_prefix_workload` (generators.py), the file loaders and writers
-for JSONL traces, ShareGPT and the peers' JSON (trace_files.py), and the production traces' loaders
-(production_traces.py: the Azure LLM inference traces, BurstGPT).
+`synthetic_workload`, `mixed_workload`, `shared_prefix_workload`, `session_workload` (generators.py), the file
+loaders and writers for JSONL traces, ShareGPT and the peers' JSON (trace_files.py), and the production traces'
+loaders (production_traces.py: the Azure LLM inference traces, BurstGPT).
 
 Determinism: every random choice comes from a numpy `Generator` derived from `(seed, stream)`, with one
 independent stream per concern (arrivals, prompt lengths, output lengths, token ids, ...). So changing the
@@ -17,9 +17,11 @@ request-rate sweep compares policies on the *same* requests, only arriving at di
 Config fields read by `make_workload` (a dict, an ml_collections ConfigDict or any object with attributes;
 a field that is missing or None takes its default; an unknown field is an error, to catch typos):
 
-  kind            "synthetic" | "mixed" | "shared_prefix" | "jsonl" | "sharegpt" | "peers_json" | "azure_llm" |
-                  "burstgpt"   (required; the last two: production traces' CSV files, production_traces.py)
-  num_requests    int >= 1; required for generated kinds; for files, None means every request in the file
+  kind            "synthetic" | "mixed" | "shared_prefix" | "sessions" | "jsonl" | "sharegpt" | "peers_json" |
+                  "azure_llm" | "burstgpt"   (required; the last two: production traces' CSV files,
+                  production_traces.py; sessions: multi-turn conversations, below)
+  num_requests    int >= 1; required for generated kinds; for files, None means every request in the file;
+                  sessions: the number of arrivals (each starts a session or is a one-shot request)
   seed            int >= 0, default 0
   arrival         "offline" (all at t=0) | "poisson" | "gamma" | "weibull" | "trace"; default "trace" for the
                   files that hold times (jsonl, azure_llm, burstgpt), else "offline". "trace" takes arrival times
@@ -35,19 +37,31 @@ a field that is missing or None takes its default; an unknown field is an error,
   vocab_size      token ids are drawn from [low_id, vocab_size); default 32000. For files, ids must be below it
   low_id          smallest generated token id, default 3 (0..2 are pad/bos/eos in the project's models)
   prompt_len      length spec (see `LengthSpec`; a bare int means fixed); synthetic: the prompt,
-                  shared_prefix: the unique suffix after the shared prefix
+                  shared_prefix: the unique suffix after the shared prefix; sessions: the first turn's prompt
   output_len      length spec for max_tokens
   scale           multiplies every generated length (default 1.0), to shrink a workload onto a CPU; also the
                   lengths of the production traces (azure_llm, burstgpt)
   num_prefixes    shared_prefix: number of distinct system prompts (default 4)
   prefix_len      shared_prefix: tokens in each system prompt (required for shared_prefix)
   tenant_per_prefix  shared_prefix: tenant = "prefix-<k>" (default False: every request is tenant "default")
+  num_turns       sessions: length spec of the turns per session (required)
+  message_len     sessions: length spec of each later turn's new user message (required)
+  think_time_s    sessions: the pause between an answer and the next message: seconds (fixed) or a mapping
+                  dist="exponential" (mean) | "lognormal" (mean, sigma) | "fixed" (value) (`ThinkTime`; default 0)
+  one_shot_fraction  sessions: the share of arrivals that are one-shot requests (no session; default 0)
   path            file to load (jsonl / sharegpt / peers_json) or the arrival trace (arrival="trace")
-  max_model_len   clip so prompt_len + max_tokens <= max_model_len (see `clip_to_max_model_len`)
+  max_model_len   clip so prompt_len + max_tokens <= max_model_len (see `clip_to_max_model_len`); sessions end
+                  before the first turn whose whole conversation would not fit
   long_threshold  requests without a preset class (mixed preset, or length_class in a JSONL line) are "long"
                   when prompt_len + max_tokens > long_threshold (default 1024), judged before clipping
   deadline_s      if set, requests without a deadline get deadline = arrival_time + deadline_s
   tenant_priority mapping tenant -> priority (lower is more important); requests of a listed tenant get it
+
+Sessions (kind="sessions", generators.session_workload, run closed-loop by cbjax/bench/sessions.py): the arrival
+process starts each session; turn k+1's prompt is turn k's prompt + the answer the engine generated + a new message,
+sent `think_time_s` after that answer. Turns are "s<i>-t<k>" (tenant "session"), one-shot requests "one-<i>" (tenant
+"one_shot"). A later turn's `arrival_time` here is only its earliest possible arrival; the online loop sets the real
+one. `arrival="trace"` takes the sessions' start times from `path`.
 """
 
 from __future__ import annotations
@@ -58,7 +72,13 @@ from typing import Any
 
 from cbjax.bench.arrivals import ARRIVALS, RANDOM_ARRIVALS, arrival_times, at_mean_rate, check_diurnal
 from cbjax.bench.fields import as_choice, as_float, as_int, check_fields, get_field
-from cbjax.bench.generators import mixed_workload, shared_prefix_workload, synthetic_workload
+from cbjax.bench.generators import (
+    ThinkTime,
+    mixed_workload,
+    session_workload,
+    shared_prefix_workload,
+    synthetic_workload,
+)
 from cbjax.bench.lengths import LengthSpec
 from cbjax.bench.production_traces import load_azure_llm_trace, load_burstgpt
 from cbjax.bench.requests import (
@@ -73,7 +93,7 @@ from cbjax.bench.requests import (
 )
 from cbjax.bench.trace_files import load_arrival_times, load_jsonl, load_peers_json, load_sharegpt
 
-KINDS = ("synthetic", "mixed", "shared_prefix", "jsonl", "sharegpt", "peers_json", "azure_llm", "burstgpt")
+KINDS = ("synthetic", "mixed", "shared_prefix", "sessions", "jsonl", "sharegpt", "peers_json", "azure_llm", "burstgpt")
 
 
 def clip_to_max_model_len(req: WorkloadRequest, max_model_len: int) -> WorkloadRequest:
@@ -115,13 +135,18 @@ _CONFIG_FIELDS = (
     "num_prefixes",
     "prefix_len",
     "tenant_per_prefix",
+    "num_turns",
+    "message_len",
+    "think_time_s",
+    "one_shot_fraction",
     "path",
     "max_model_len",
     "long_threshold",
     "deadline_s",
     "tenant_priority",
 )
-_GENERATED = ("synthetic", "mixed", "shared_prefix")
+_GENERATED = ("synthetic", "mixed", "shared_prefix", "sessions")
+_SESSION_FIELDS = ("num_turns", "message_len", "think_time_s", "one_shot_fraction")
 _TIMED_FILES = ("jsonl", "azure_llm", "burstgpt")  # files whose requests carry their own arrival times
 _PRODUCTION = ("azure_llm", "burstgpt")  # lengths without text: random ids, `scale` applies
 
@@ -179,12 +204,33 @@ def make_workload(cfg: Any, *, tokenize: Tokenize | None = None) -> list[Workloa
     filters = {f: _names(get_field(cfg, f), f) for f in ("trace_models", "trace_log_types")}
     if kind != "burstgpt" and any(v is not None for v in filters.values()):
         raise ValueError(f"trace_models and trace_log_types filter BurstGPT rows only, not kind={kind!r}")
+    misplaced = [f for f in _SESSION_FIELDS if get_field(cfg, f) is not None]
+    if kind != "sessions" and misplaced:
+        raise ValueError(f"{misplaced} describe multi-turn sessions: they need kind='sessions', not kind={kind!r}")
+    session_starts = None  # sessions: each request's offset from its session's start
 
     if kind in _GENERATED:
         if n is None:
             raise ValueError(f"num_requests is required for kind={kind!r}")
         if kind == "mixed":
             reqs = mixed_workload(n, seed=seed, scale=scale, vocab_size=vocab_size, low_id=low_id)
+        elif kind == "sessions":
+            groups = session_workload(
+                n,
+                prompt_len=_required_spec(cfg, "prompt_len", kind).scaled(scale),
+                message_len=_required_spec(cfg, "message_len", kind).scaled(scale),
+                output_len=_required_spec(cfg, "output_len", kind).scaled(scale),
+                num_turns=_required_spec(cfg, "num_turns", kind),
+                think_time=ThinkTime.from_config(get_field(cfg, "think_time_s", 0.0)),
+                one_shot_fraction=get_field(cfg, "one_shot_fraction", 0.0),
+                seed=seed,
+                vocab_size=vocab_size,
+                low_id=low_id,
+                max_model_len=max_model_len,
+                long_threshold=long_threshold,
+            )
+            reqs = [r for g in groups for r in g]
+            session_starts = [i for i, g in enumerate(groups) for _ in g]
         else:
             out_spec = _required_spec(cfg, "output_len", kind).scaled(scale)
             in_spec = _required_spec(cfg, "prompt_len", kind).scaled(scale)
@@ -259,6 +305,8 @@ def make_workload(cfg: Any, *, tokenize: Tokenize | None = None) -> list[Workloa
         ).tolist()
     if trace_rate is not None:
         times = at_mean_rate(times, trace_rate).tolist()
+    if session_starts is not None:  # the times above start sessions; a later turn is offset from its session's start
+        times = [times[i] + r.arrival_time for i, r in zip(session_starts, reqs)]
     # A deadline read from a file keeps its slack (deadline - arrival) when the arrival time moves.
     reqs = [
         dataclasses.replace(

@@ -33,6 +33,9 @@ def get_config():
         "fair_share",
         "edf",
         "lpm",
+        "residual_sjf",
+        "hrrn",
+        "slo_aware",
     )
     c.clock = "virtual"  # time advances by each step's measured wall time; never sleeps between arrivals
     c.horizon_after_last_arrival_s = 2.0  # what is unfinished 2 s after the last arrival counts as not completed
@@ -48,4 +51,5 @@ def get_config():
     c.policy_options.edf = {"class_slack_s": {"0": 1.0, "1": 10.0, "2": 3.0}}
     c.policy_options.priority = dict(aging_s=5.0)  # one class of priority gained per 5 s of waiting
     c.policy_options.three_level = dict(demote_after=32)  # decoded more than 32 tokens: preemptible pool
+    c.policy_options.slo_aware = dict(ttft_slo_s=2.0)  # the TTFT target of c.slo (base.py: 2000 ms)
     return c

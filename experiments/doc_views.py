@@ -8,6 +8,7 @@ interval and ratio from the raw runs, so a table can say no more than its runs d
   ab              two sides of one comparison (cbjax and vLLM, engine A and engine B) side by side, with their
                   paired ratio per round and its interval
   pivot           one row per value of a key and one column per value of another (models side by side)
+  ttft_tail       `medians` of the TTFT tail's columns per policy: who waits for everyone (the lpm starvation study)
   fidelity_study  the simulator-fidelity study's tables (experiments/fidelity_study.report; its runs sit under
                   each workload)
   fidelity_verdicts  the same study in short: per-run bias, speed probes, the verdicts
@@ -41,6 +42,10 @@ LABELS.update({
     "load.capacity_request_rate": ("capacity req/s", "{:.1f}"),
     "load.request_rate": ("rate req/s", "{:.1f}"),
     "request_rate": ("rate req/s", "{:g}"),
+    "ttft_ms_max": ("TTFT max", "{:.0f}"),
+    "ttft_worst5_share": ("TTFT share of worst 5%", "{:.0%}"),
+    "first_turn_ttft_ms_p99": ("first turns TTFT p99", "{:.0f}"),
+    "later_turn_ttft_ms_p99": ("later turns TTFT p99", "{:.0f}"),
 })  # fmt: skip
 
 VIEWS: dict[str, Callable[..., str]] = {}
@@ -266,6 +271,19 @@ def ab_view(
     return caption + ".\n\n" + markdown_table(header, body)
 
 
+TTFT_TAIL = ("ttft_ms_p50", "ttft_ms_p99", "ttft_ms_max", "ttft_worst5_share", "first_turn_ttft_ms_p99",
+             "later_turn_ttft_ms_p99", "prefix_cache_hit_rate", "request_throughput")  # fmt: skip
+
+
+@view("ttft_tail")
+def ttft_tail_view(data, by: Sequence[str] = ("policy",), where: Mapping | None = None, baseline: Mapping | None = None,
+                   ratios: Sequence[str] = ()) -> str:  # fmt: skip
+    """Where a policy starves some requests (the lpm starvation study, docs/policies.md): per group of `by`, the
+    medians [intervals] of TTFT p50, p99 and max, the share of all TTFT the worst 5% of requests carry, the TTFT p99
+    of first turns (cache misses) and of later turns, the prefix-cache hit rate and req/s (`medians` view)."""
+    return medians_view(data, by, TTFT_TAIL, where=where, baseline=baseline, ratios=ratios)
+
+
 @view("fidelity_study")
 def fidelity_study_view(data) -> str:
     """The tables and verdicts of `python -m experiments.fidelity_study --report FILE`."""
@@ -316,3 +334,40 @@ def pivot_view(
                 line.append(Column(value, "", fmt).interval(median_interval([_num(v) for v in values])))
         body.append(line)
     return markdown_table([corner, *(cell(c) for c in col_keys)], body)
+
+
+@view("length_prediction")
+def length_prediction_view(data, metric: str, baseline: str = "fcfs", pair: str = "run") -> str:
+    """The predictor-error study (configs/length_prediction.py): one row per policy and one column per length
+    predictor, each cell the entry's `metric` over the `baseline` entry's, paired by `pair` (the median of the
+    per-run ratios [95% interval], * where the interval excludes 1). An entry's policy and predictor are read from
+    the data file's config: its variant's policy (else the entry's own name) and its policy options'
+    length_predictor and sigma."""
+    config = data.get("config") or {}
+    variants, options = config.get("variants") or {}, config.get("policy_options") or {}
+    entries = _groups(records(data), ["policy"])
+    if (baseline,) not in entries:
+        raise ValueError(f"the baseline entry {baseline!r} has no runs in this data file")
+    base = entries[(baseline,)]
+    col = column(metric)
+    table: dict[str, dict[str, str]] = {}
+    for (entry,), group in entries.items():
+        variant = variants.get(entry) or {}
+        predictor = _predictor_label(options.get(entry) or variant.get("policy_options") or {})
+        ratio = paired_ratio_interval(*_paired(group, base, col.key, pair))
+        table.setdefault(variant.get("policy", entry), {})[predictor] = "-" if entry == baseline else _ratio_cell(ratio)
+    predictors = list(dict.fromkeys(p for row in table.values() for p in row))
+    body = [[cell(policy), *(row.get(p, "") for p in predictors)] for policy, row in table.items()]
+    base_iv = col.interval(median_interval([_num(lookup(r, col.key)) for r in base]))
+    caption = (
+        f"{col.header} over {baseline}'s ({base_iv}): the median of the per-{pair} ratios [95% interval], * where "
+        "the interval excludes 1"
+    )
+    return caption + ".\n\n" + markdown_table(["policy", *predictors], body)
+
+
+def _predictor_label(options: Mapping[str, Any]) -> str:
+    kind = options.get("length_predictor")
+    if kind is None:
+        return "no predictor"
+    return f"noisy sigma={options.get('sigma'):g}" if kind == "noisy" else kind

@@ -25,8 +25,10 @@ class MLFQPolicy(Policy):
         starvation_s: float | None = 5.0,
         victim: str = "rank",
         reserve_to_completion: bool | None = None,
+        preempt_for_slot: bool = True,
     ):
         super().__init__(victim, reserve_to_completion)
+        self.preempt_for_slot = check.boolean("mlfq preempt_for_slot", preempt_for_slot)
         self.num_levels = check.integer("mlfq num_levels", num_levels, 1, 32)
         self.quantum = check.integer("mlfq quantum", quantum, 1)
         self.starvation_s = check.optional_real("mlfq starvation_s (None: off)", starvation_s, 0.0, low_open=True)

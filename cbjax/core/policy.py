@@ -11,10 +11,13 @@ The Scheduler does the bookkeeping (token budget, slots, pages, swaps, state cha
   may_admit(running, waiting, now)  may waiting requests join now at all (static batching says no mid-batch).
   victims(requester, lower)       which running requests ranked below `requester` it may preempt for pages or a
                                   slot (default: a running sequence may preempt any of them, a waiting one none).
+                                  `preempt_for_slot` False: a waiting one never preempts for a slot.
   choose_victim(candidates, now)  which one goes first (the `victim` option: rank, last_admitted,
                                   lowest_priority, longest_running, cheapest_recompute).
   choose_eviction(pages)          which released prefix-cache page to overwrite (None = least recently used).
   on_scheduled / on_arrival       accounting for stateful policies (mlfq levels, fair-share counters).
+  on_finish(req, now)             a request finished (any reason, aborts too): what it generated is known
+                                  (the learned length predictor, cbjax/core/length_predictor.py, fits on it).
   next_event_time(running, waiting)  when the policy will admit although nothing changes (a static timeout);
                                   the online loop sleeps until then.
 
@@ -111,6 +114,10 @@ class Policy:
     reserve_to_completion = False
     # A waiting request may preempt lower-ranked running ones (for pages or for a slot).
     preempts_for_admission = False
+    # When every slot is taken (pages free or not), a waiting request may preempt for a slot, as `victims` allows;
+    # False: it waits for a slot to free. The `preempt_for_slot` option of the policies whose waiting requests
+    # preempt (priority, edf, srpt_oracle, mlfq, three_level; on by default); page preemption is unaffected.
+    preempt_for_slot = True
     # The fast path (see the module docstring): a method `waiting_key(req)`, or None for `rank` every step.
     waiting_key: Callable[[Request], Any] | None = None
 
@@ -156,6 +163,9 @@ class Policy:
         pass
 
     def on_scheduled(self, req: Request, num_tokens: int, now: float) -> None:
+        pass
+
+    def on_finish(self, req: Request, now: float) -> None:
         pass
 
     def next_event_time(self, running: Sequence[Request], waiting: Sequence[Request]) -> float | None:

@@ -8,10 +8,12 @@ from bisect import bisect_left
 from collections.abc import Iterator, Mapping, Sequence
 
 from cbjax.config import validation as check
+from cbjax.core.length_aware import HRRNPolicy, LengthAwarePolicy, ResidualSJFPolicy, SLOAwarePolicy
 from cbjax.core.mlfq import MLFQPolicy
 from cbjax.core.policy import Policy, by_admission, fcfs_order
+from cbjax.core.priority import PriorityPolicy
 from cbjax.core.request import Request, RequestStatus
-from cbjax.core.sorted_ranking import Ranking, arrival_key, by_arrival_of, merge_by_key, running_first, waiting_first
+from cbjax.core.sorted_ranking import arrival_key, by_arrival_of, merge_by_key, running_first, waiting_first
 
 
 class FCFSPolicy(Policy):
@@ -92,83 +94,24 @@ class SarathiPolicy(Policy):
         return running_first(decodes + prefills, waiting.requests)
 
 
-class PriorityPolicy(Policy):
-    """Strict priority classes (lower value first), FCFS within a class, with aging: a request's effective
-    priority improves by one level for every `aging_s` seconds since its arrival, so old low-priority requests
-    eventually outrank new high-priority ones (no starvation). A waiting request may preempt lower-ranked running
-    ones when pages or slots run out; the least important goes first."""
-
-    name = "priority"
-    preempts_for_admission = True
-
-    def __init__(self, aging_s: float | None = 10.0, victim: str = "rank", reserve_to_completion: bool | None = None):
-        super().__init__(victim, reserve_to_completion)
-        self.aging_s = check.optional_real("priority aging_s (None: no aging)", aging_s, 0.0, low_open=True)
-
-    def effective_priority(self, req: Request, now: float) -> float:
-        if self.aging_s is None:
-            return req.priority
-        return req.priority - (now - req.metrics.arrival_time) / self.aging_s
-
-    def rank(self, running, waiting, now):
-        # Aging shifts every request by the same amount per second, so two requests never swap places over time:
-        # only newcomers are outranked by old requests. Ties (and equal classes) go to the earlier arrival.
-        return sorted([*running, *waiting], key=lambda r: (self.effective_priority(r, now), r.arrival_order))
-
-    # The fast path: the queue by class, then arrival time. Within a class the effective priority only grows with
-    # the arrival time, so each class's run is already in order but for requests whose effective priorities come
-    # out equal (the same arrival time, or rounding): those go by arrival order, as in `rank`. The classes' runs and
-    # the running requests are merged lazily by (effective priority, arrival order), running first on a tie.
-    def waiting_key(self, req):
-        if self.aging_s is None:
-            return (req.priority, req.arrival_order)
-        return (req.priority, req.metrics.arrival_time, req.arrival_order)
-
-    def rank_sorted(self, running, waiting, now):
-        if self.aging_s is None:
-            return merge_by_key(running, waiting, self.waiting_key)
-        ranked = sorted(running, key=lambda r: (self.effective_priority(r, now), r.arrival_order))
-        streams = [[((self.effective_priority(r, now), r.arrival_order, 0, i), r) for i, r in enumerate(ranked)]]
-        reqs, keys = waiting
-        i = 0
-        while i < len(reqs):
-            end = bisect_left(keys, ((keys[i][0][0], math.inf),), i)  # the end of this class's run
-            streams.append(self._class_order(reqs, keys, i, end, now))
-            i = end
-        return Ranking((r for _, r in heapq.merge(*streams)), ranked)
-
-    def _class_order(self, reqs: list[Request], keys: list[tuple], i: int, end: int, now: float) -> Iterator:
-        """((effective priority, arrival order, 1, seq), request) of reqs[i:end], one class, in rank order."""
-        eff = self.effective_priority
-        while i < end:
-            e = eff(reqs[i], now)
-            blocks, j = [], i
-            while j < end and eff(reqs[j], now) == e:  # blocks of one arrival time each, all of priority e
-                p, a, _ = keys[j][0]
-                k = bisect_left(keys, ((p, a, math.inf),), j, end)
-                blocks.append(_keyed_block(reqs, keys, e, j, k))
-                j = k
-            yield from blocks[0] if len(blocks) == 1 else heapq.merge(*blocks)
-            i = j
-
-
-def _keyed_block(reqs: list[Request], keys: list[tuple], e: float, start: int, end: int) -> Iterator:
-    """priority's merge entries of reqs[start:end] (one arrival time: already in arrival order), lazily."""
-    for t in range(start, end):
-        yield ((e, reqs[t].arrival_order, 1, keys[t][1]), reqs[t])
-
-
 class ThreeLevelPolicy(Policy):
     """Three levels: new prompts first (chunked), then running sequences FCFS; a sequence that has decoded more
     than `demote_after` tokens drops into a preemptible pool, ranked last and preempted first under memory
-    pressure, also by new prompts. Short requests pass long ones; long ones still finish once the pressure
-    goes."""
+    pressure, also by new prompts (for pages, or for a slot unless `preempt_for_slot` is False). Short requests
+    pass long ones; long ones still finish once the pressure goes."""
 
     name = "three_level"
 
-    def __init__(self, demote_after: int = 64, victim: str = "rank", reserve_to_completion: bool | None = None):
+    def __init__(
+        self,
+        demote_after: int = 64,
+        victim: str = "rank",
+        reserve_to_completion: bool | None = None,
+        preempt_for_slot: bool = True,
+    ):
         super().__init__(victim, reserve_to_completion)
         self.demote_after = check.integer("three_level demote_after", demote_after, 0)
+        self.preempt_for_slot = check.boolean("three_level preempt_for_slot", preempt_for_slot)
 
     def demoted(self, req: Request) -> bool:
         return len(req.output_token_ids) > self.demote_after
@@ -188,32 +131,62 @@ class ThreeLevelPolicy(Policy):
         return [r for r in lower if self.demoted(r)] if not requester.output_token_ids else []
 
 
-class SJFPolicy(Policy):
-    """Shortest job first by prompt length: running sequences keep going (non-preemptive); waiting requests are
-    admitted shortest prompt first, ties by arrival. Long prompts can starve under sustained load."""
+class SJFPolicy(LengthAwarePolicy):
+    """Shortest job first: running sequences keep going (non-preemptive); waiting requests are admitted smallest
+    job first, ties by arrival. The job is the prompt length, plus the predicted output length with a
+    `length_predictor` (length_aware.py). Long jobs can starve under sustained load."""
 
     name = "sjf"
 
+    def __init__(
+        self,
+        length_predictor: str | None = None,
+        sigma: float | None = None,
+        predictor_seed: int = 0,
+        prior_tokens: int | None = None,
+        victim: str = "rank",
+        reserve_to_completion: bool | None = None,
+    ):
+        super().__init__(length_predictor, sigma, predictor_seed, prior_tokens, victim, reserve_to_completion)
+
+    def job_tokens(self, req: Request) -> int:
+        if self.predictor is None:
+            return req.num_prompt_tokens
+        return req.num_prompt_tokens + self.predicted_output_tokens(req)
+
     def waiting_key(self, req):
-        return (req.num_prompt_tokens, req.arrival_order)
+        return (self.job_tokens(req), req.arrival_order)
 
     def rank_sorted(self, running, waiting, now):
         return running_first(by_admission(running), waiting.requests)
 
 
-class SRPTOraclePolicy(Policy):
+class SRPTOraclePolicy(LengthAwarePolicy):
     """Shortest remaining processing time, clairvoyant: it knows each request's output length (`max_tokens`,
     exact when EOS is ignored, as in the experiment workloads) and ranks every request by the tokens it still
     has to compute and generate. Preemptive: a shorter newcomer may push out a longer running sequence. A bound
-    to compare real policies against, not a deployable policy."""
+    to compare real policies against, not a deployable policy; with a noisy or learned `length_predictor`
+    (length_aware.py) it is SRPT on predicted lengths, which is deployable."""
 
     name = "srpt_oracle"
     preempts_for_admission = True
 
-    @staticmethod
-    def remaining(req: Request) -> int:
+    def __init__(
+        self,
+        length_predictor: str = "oracle",
+        sigma: float | None = None,
+        predictor_seed: int = 0,
+        prior_tokens: int | None = None,
+        victim: str = "rank",
+        reserve_to_completion: bool | None = None,
+        preempt_for_slot: bool = True,
+    ):
+        super().__init__(length_predictor, sigma, predictor_seed, prior_tokens, victim, reserve_to_completion)
+        self.preempt_for_slot = check.boolean("srpt_oracle preempt_for_slot", preempt_for_slot)
+
+    def remaining(self, req: Request) -> int:
         prompt_left = max(0, req.num_prompt_tokens - req.num_computed_tokens)
-        return prompt_left + req.num_remaining_output_tokens
+        return prompt_left + self.predicted_remaining_output(req)
 
     def waiting_key(self, req):
         # Fixed while it waits: a waiting request computes and generates nothing.
@@ -299,7 +272,8 @@ def _interleaved(policy: FairSharePolicy, reqs: list[Request], heap: list) -> It
 class EDFPolicy(Policy):
     """Earliest deadline first over every request. A request's deadline is its own (`deadline`, absolute), else
     arrival + the slack of its SLO class (`class_slack_s[priority]`), else arrival + `default_slack_s`.
-    Preemptive: an earlier deadline may push out a later one when pages or slots run out."""
+    Preemptive: an earlier deadline may push out a later one when pages or slots run out (`preempt_for_slot`
+    False: pages only)."""
 
     name = "edf"
     preempts_for_admission = True
@@ -310,9 +284,11 @@ class EDFPolicy(Policy):
         class_slack_s: dict | None = None,
         victim: str = "rank",
         reserve_to_completion: bool | None = None,
+        preempt_for_slot: bool = True,
     ):
         super().__init__(victim, reserve_to_completion)
         self.default_slack_s = check.real("edf default_slack_s", default_slack_s)
+        self.preempt_for_slot = check.boolean("edf preempt_for_slot", preempt_for_slot)
         if class_slack_s is not None and not isinstance(class_slack_s, Mapping):
             raise ValueError(f"edf class_slack_s must be a dict priority -> seconds, got {class_slack_s!r}")
         # Keys may arrive as strings (config files, JSON): "1" is priority 1.
@@ -423,6 +399,9 @@ POLICIES: dict[str, type[Policy]] = {
         FairSharePolicy,
         EDFPolicy,
         LPMPolicy,
+        ResidualSJFPolicy,
+        HRRNPolicy,
+        SLOAwarePolicy,
     )
 }
 

@@ -188,7 +188,7 @@ class Scheduler:
             return place  # the common case: a running sequence whose pages are there
         lower_ranked = ranked_running[lower:]
         if waiting and len(self.running) >= self.config.max_num_seqs:
-            if not self._preempt_lower(
+            if not self.policy.preempt_for_slot or not self._preempt_lower(
                 req, lower_ranked, step, need_slot=True, target=self._pages_wanted(place, waiting)
             ):
                 step.may_admit = False
@@ -447,3 +447,4 @@ class Scheduler:
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         req.metrics.finished_time = self.clock.now() if now is None else now
+        self.policy.on_finish(req, req.metrics.finished_time)

@@ -7,6 +7,7 @@ kept. At the end: every request finished with exactly the reference tokens (or w
 """
 
 import dataclasses
+import inspect
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -30,6 +31,27 @@ class Case:
     requests: list  # (arrival step, prompt, max_tokens, priority, tenant, deadline, abort step or None)
     # Asynchronous scheduling: step n+1 is scheduled (and run) before the results of step n are received.
     asynchronous: bool = False
+
+
+@st.composite
+def length_options(draw, policy: str) -> dict:
+    """A length-aware policy's predictor and, for hrrn and slo_aware, costs and targets that make the order move
+    within a few steps (steps are 1 ms apart)."""
+    # sjf keeps its default (no predictor, prompt length only) here: test_fast_ranking.py checks it against that
+    # order; tests/core/test_length_aware.py runs it with each predictor.
+    kinds = [None] if policy == "sjf" else ["oracle", "noisy", "learned"]
+    options = {"length_predictor": draw(st.sampled_from(kinds))}
+    if options["length_predictor"] == "noisy":
+        options.update(sigma=draw(st.sampled_from([0.0, 0.5, 2.0])), predictor_seed=draw(st.integers(0, 3)))
+    if options["length_predictor"] == "learned":
+        options["prior_tokens"] = draw(st.integers(1, 16))
+    if policy in ("hrrn", "slo_aware"):
+        options["decode_s_per_token"] = draw(st.sampled_from([0.0, 0.001, 0.01]))
+    if policy == "slo_aware":
+        options["ttft_slo_s"] = draw(st.sampled_from([0.002, 0.01, 1.0]))
+        options["e2e_slo_s"] = draw(st.sampled_from([None, 0.005, 0.05]))
+        options["late_last"] = draw(st.booleans())
+    return options
 
 
 @st.composite
@@ -62,6 +84,10 @@ def cases(draw):
         options["quantum"] = draw(st.integers(1, 8))
     if policy not in ("static",):
         options["reserve_to_completion"] = draw(st.booleans())
+    if "preempt_for_slot" in inspect.signature(POLICIES[policy]).parameters:  # the policies whose arrivals preempt
+        options["preempt_for_slot"] = draw(st.booleans())
+    if "length_predictor" in inspect.signature(POLICIES[policy]).parameters:  # cbjax/core/length_aware.py
+        options.update(draw(length_options(policy)))
     # Prompts built from a few shared prefixes, so prefix-cache hits (full and partial) happen.
     # Page-aligned prefixes, and prompts that are just a prefix, make whole-prompt hits (the last page must still
     # be computed, never shared).

@@ -10,8 +10,10 @@ seeds 1234-1236), three workloads on the same requests: offline (all at t=0), ne
 (cbjax/bench/capacity.py), which therefore runs first. Each workload: `repeats` rounds of real runs, every policy
 once per round, interleaved (round r starts r policies later) so a slow minute of the machine falls on all of them;
 a fresh, warmed engine each run, on a virtual clock advanced by each step's measured time
-(experiments/measured_steps.py). Then each policy once on the simulator with the given cost model, on the same
-requests and arrival times (deterministic). The figures and targets are experiments/fidelity_stats.py's.
+(experiments/measured_steps.py), each run right after a speed probe (cbjax/sim_calibration.py: fixed steps timed
+against the cost model's prediction). Then each policy once on the simulator with the given cost model times the
+median of the workload's probes (--noprobe: the cost model as given), on the same requests and arrival times
+(deterministic). The figures and targets are experiments/fidelity_stats.py's.
 
 The JSON records the command, commit, CPU, date, load averages, the profile and its meta, every real run's
 summary, the step statistics, the simulated figures and the verdicts; the tables are rendered from that file
@@ -150,7 +152,7 @@ def run_study(model: str, cost, *, policies=POLICIES, repeats: int = 5, workload
               steps_output: str | None = None, probe: bool = True, log=print) -> dict:  # fmt: skip
     """The whole study with cost model `cost` (anything with step_time(StepFeatures)); `engine` overrides
     engine_options(). With `probe`, each workload's simulation and step statistics use `cost` scaled by speed
-    probes taken before each of its rounds (measure_workload). Returns the study's dict (settings, capacity,
+    probes taken before each of its real runs (measure_workload). Returns the study's dict (settings, capacity,
     workloads, verdicts), without provenance."""
     from cbjax.bench.capacity import capacity_of
     from cbjax.core.policy_zoo import POLICIES as KNOWN

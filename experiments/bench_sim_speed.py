@@ -20,6 +20,7 @@ import time
 from absl import app, flags
 
 from experiments import compare_policies as cp  # defines --config
+from experiments.comparison_config import only_entries
 
 FLAGS = flags.FLAGS
 
@@ -81,14 +82,9 @@ def bench(cfg, requests, names: list[str], repeats: int) -> tuple[list[dict], di
 
 def main(argv):
     del argv
-    import ml_collections
-
     cfg = cp.load_config()
     names = FLAGS.policies or list(cfg.policies)
-    with cfg.unlocked():
-        cfg.policies = tuple(names)
-        options = (cfg.get("policy_options") or {}).items()
-        cfg.policy_options = ml_collections.ConfigDict({k: v for k, v in options if k in names})
+    only_entries(cfg, names)
     try:
         cfg, workload = cp.prepare_run(cfg)
     except ValueError as e:

@@ -55,6 +55,17 @@ def engine_options(cfg, name: str):
     return plan, options
 
 
+def only_entries(cfg, names) -> None:
+    """Narrow `cfg` (in place) to the policy-list entries `names`, with their policy_options: a benchmark or a check
+    that runs some entries of a zoo config."""
+    import ml_collections
+
+    with cfg.unlocked():
+        cfg.policies = tuple(names)
+        options = (cfg.get("policy_options") or {}).items()
+        cfg.policy_options = ml_collections.ConfigDict({k: v for k, v in options if k in names})
+
+
 def check_sim(cfg) -> None:
     """A simulated run: a virtual clock, its step times from exactly one of config.sim.profile (a readable
     cost-model profile, or "auto": this machine's cached calibration, made by the first engine if there is none)

@@ -21,6 +21,7 @@ import sys
 from absl import app, flags
 
 from experiments import compare_policies as cp  # defines --config
+from experiments.comparison_config import only_entries
 
 FLAGS = flags.FLAGS
 # The record fields digested: every field of cbjax.bench.metrics' StepRecord and RequestRecord when this was written
@@ -81,8 +82,6 @@ def differences(expected: dict, got: dict) -> list[str]:
 
 def main(argv):
     del argv
-    import ml_collections
-
     if (FLAGS.write is None) == (FLAGS.check is None):
         sys.exit("sim_digests: give exactly one of --write and --check")
     cfg = cp.load_config()
@@ -90,11 +89,7 @@ def main(argv):
     if FLAGS.check:
         with open(FLAGS.check) as f:
             expected = json.load(f)
-        names = [k for k in expected if k != "capacity_request_rate"]
-        with cfg.unlocked():
-            cfg.policies = tuple(names)
-            options = (cfg.get("policy_options") or {}).items()
-            cfg.policy_options = ml_collections.ConfigDict({k: v for k, v in options if k in names})
+        only_entries(cfg, [k for k in expected if k != "capacity_request_rate"])
     try:
         cfg, workload = cp.prepare_run(cfg)
     except ValueError as e:

@@ -123,11 +123,14 @@ def batch(out) -> tuple:
     )
 
 
-def run_both(case) -> int:
-    """Drive a fast-path and a general-path scheduler in lockstep; returns the number of steps."""
+def run_both(case, make_policies=policies_of, after_update=None) -> tuple[int, list[Request]]:
+    """Drive a fast-path and a general-path scheduler in lockstep; returns the number of steps and the fast path's
+    requests. `make_policies`
+    (config -> (fast, general)) builds the pair; `after_update(scheduler, its step's output)` checks each scheduler
+    after every update (tests/core/test_length_aware.py)."""
     config = dataclasses.replace(case.config, policy_options=case.policy_options)
     clock = VirtualClock()
-    fast_policy, general_policy = policies_of(config)
+    fast_policy, general_policy = make_policies(config)
     scheds = [make_scheduler(config, clock, fast_policy), make_scheduler(config, clock, general_policy)]
     runners = [FakeRunner(s, VOCAB) for s in scheds]
     reqs = [{}, {}]
@@ -160,13 +163,15 @@ def run_both(case) -> int:
                 in_flight[k] = (outs[k], tokens[k]) if outs[k].seqs else None
             else:
                 s.update(outs[k], tokens[k], EOS, clock.now())
+            if after_update is not None:
+                after_update(s, outs[k])
         assert [r.request_id for r in scheds[0].waiting] == [
             r.request_id for r in SortedWaiting.of(scheds[1].waiting, fast_policy.waiting_key).requests
         ]
         step += 1
         if step == 2000:  # mlfq with a starvation limit of a step or two can preempt back and forth for ever
             break  # (both paths alike): 2000 equal steps are the check
-    return step
+    return step, [r for r, _ in reqs[0].values()]
 
 
 @st.composite

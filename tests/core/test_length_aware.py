@@ -23,8 +23,8 @@ from cbjax.core.policy_zoo import make_policy
 from cbjax.core.request import FinishReason, RequestStatus
 from tests.core.fake_runner import FakeRunner
 from tests.core.scheduler_setup import FlatConfig, make_scheduler
-from tests.core.test_fast_ranking import batch
-from tests.core.test_policy_invariants import EOS, VOCAB, cases, check_step, length_options, run_case
+from tests.core.test_fast_ranking import run_both
+from tests.core.test_policy_invariants import VOCAB, cases, check_step, length_options, run_case
 
 LENGTH_AWARE = ("sjf", "srpt_oracle", "residual_sjf", "hrrn", "slo_aware")
 
@@ -227,44 +227,18 @@ def length_aware_cases(draw):
     return dataclasses.replace(case, config=config, policy_options=options, requests=requests)
 
 
-def run_lockstep(case) -> None:
-    """A fast-path and a general-path scheduler on the same requests: every step's batch equal, invariants kept."""
-    config = dataclasses.replace(case.config, policy_options=case.policy_options)
-    clock = VirtualClock()
+def lockstep_policies(config):
+    """The policy as it is and its general twin (ranked by REFERENCE_RANK every step)."""
     fast = make_policy(config.policy, config.policy_options)
-    general = general_twin(make_policy(config.policy, config.policy_options))
-    scheds = [make_scheduler(config, clock, fast), make_scheduler(config, clock, general)]
-    runners = [FakeRunner(s, VOCAB) for s in scheds]
-    reqs = [{}, {}]
-    pending = sorted(enumerate(case.requests), key=lambda x: x[1][0])
-    step, in_flight = 0, [None, None]
-    while pending or any(s.has_unfinished() for s in scheds) or any(in_flight):
-        while pending and pending[0][1][0] <= step:
-            i, (_, prompt, max_tokens, prio, tenant, _deadline, abort_at) = pending.pop(0)
-            for k, s in enumerate(scheds):
-                r = Request(f"r{i}", prompt, SamplingParams(max_tokens=max_tokens), clock.now(), seed=0,
-                            arrival_order=i, priority=prio, tenant=tenant)  # fmt: skip
-                s.add(r)
-                reqs[k][r.request_id] = (r, abort_at)
-        for k, s in enumerate(scheds):
-            for r, abort_at in reqs[k].values():
-                if abort_at == step and not r.is_finished:
-                    s.abort(r)
-        outs = [s.schedule() for s in scheds]
-        assert batch(outs[0]) == batch(outs[1]), f"step {step}"
-        tokens = [runner.execute(out) for runner, out in zip(runners, outs)]
-        clock.advance(0.001)
-        for k, s in enumerate(scheds):
-            if case.asynchronous:
-                if in_flight[k] is not None:
-                    s.update(*in_flight[k], EOS, clock.now())
-                in_flight[k] = (outs[k], tokens[k]) if outs[k].seqs else None
-            else:
-                s.update(outs[k], tokens[k], EOS, clock.now())
-            check_step(s, outs[k])
-        step += 1
-        assert step < 5000, "requests did not finish"
-    assert all(r.status is RequestStatus.FINISHED for r, _ in reqs[0].values())
+    return fast, general_twin(make_policy(config.policy, config.policy_options))
+
+
+def run_lockstep(case) -> None:
+    """A fast-path and a general-path scheduler on the same requests (tests/core/test_fast_ranking.py's lockstep):
+    every step's batch equal, invariants kept, every request finished."""
+    steps, requests = run_both(case, lockstep_policies, after_update=check_step)
+    assert steps < 2000, "requests did not finish"  # (run_both stops at 2000 steps)
+    assert all(r.status is RequestStatus.FINISHED for r in requests)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])

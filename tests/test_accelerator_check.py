@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from experiments import accelerator_check as ac
+from experiments import accelerator_plans as plans
 from tests.helpers import ROOT
 
 
@@ -42,7 +43,7 @@ def test_small_check_runs_every_section_and_passes(tmp_path):
         assert section["seconds"] > 0 and section["headline"], name
         assert name in proc.stdout  # the table
     kernels = sections["kernels"]
-    assert kernels["interpret"] and len(kernels["cases"]) == len(ac.small_plan().kernel_cases)
+    assert kernels["interpret"] and len(kernels["cases"]) == len(plans.small_plan().kernel_cases)
     for case in kernels["cases"]:
         assert case["finite"] and case["zero_rows_zero"] and case["max_abs_err"] <= case["tolerance"], case
     engine = sections["engine"]
@@ -97,7 +98,7 @@ def test_a_section_process_that_crashes_or_hangs_is_an_error_and_the_others_stil
 
 def test_the_full_plan_is_consistent_and_covers_every_kernel_variant():
     """The plan a device runs is built (and its cases validated) here, where a mistake costs nothing."""
-    plan = ac.full_plan()
+    plan = plans.full_plan()
     variants = {(c.op, c.kv_int8) for c in plan.kernel_cases}
     assert variants == {("decode", False), ("decode", True), ("ragged", False), ("ragged", True)}
     assert {c.dtype for c in plan.kernel_cases} == {"float32", "bfloat16"}
@@ -107,6 +108,6 @@ def test_the_full_plan_is_consistent_and_covers_every_kernel_variant():
     assert plan.engine_kv_cache_dtypes == ("auto", "int8") and plan.throughput_models == ("llama-tiny", "llama-small")
     bad = dict(num_heads=4, num_kv_heads=2, head_dim=64, page_size=8, dtype="float32", num_tokens=8, num_slots=2)
     with pytest.raises(ValueError, match="q_len"):
-        ac.KernelCase("q past its context", "ragged", (3, 4), q_lens=(4, 1), **bad)
+        plans.KernelCase("q past its context", "ragged", (3, 4), q_lens=(4, 1), **bad)
     with pytest.raises(ValueError, match="q_len"):
-        ac.KernelCase("more tokens than the bucket", "ragged", (8, 4), q_lens=(8, 1), **bad)
+        plans.KernelCase("more tokens than the bucket", "ragged", (8, 4), q_lens=(8, 1), **bad)

@@ -101,6 +101,23 @@ class LLMEngine:
             raise ValueError(f"{where}params must be SamplingParams, got {type(params).__name__}")
         if request_id in self.requests:
             raise ValueError(f"{where}duplicate request id (a request with this id is unfinished)")
+        # Parameters SamplingParams accepts whose engine side is not built yet (issue 40): refused, never ignored.
+        unbuilt = [
+            name
+            for name, asked in (
+                (
+                    "sampling extras (logprobs, penalties, min_tokens, bad words, logit bias, logits processors, "
+                    "structured output)",
+                    params.needs_sampling_extras,
+                ),
+                ("n > 1 or best_of", params.num_samples > 1),
+                ("prompt_logprobs", params.prompt_logprobs is not None),
+                ("stop strings", bool(params.stop)),
+            )
+            if asked
+        ]
+        if unbuilt:
+            raise ValueError(f"{where}not supported by this engine yet: {', '.join(unbuilt)}")
         mcfg, sched, cache = self.model_config, self.config.scheduler, self.config.cache
         try:
             tokens = self._prompt_token_ids(prompt)

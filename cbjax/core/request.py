@@ -38,6 +38,8 @@ class Request:
         "admission_order",
         "all_token_ids",
         "arrival_order",
+        "bad_word_ids",
+        "constraint",
         "deadline",
         "error",
         "finish_reason",
@@ -106,6 +108,10 @@ class Request:
         self.admission_order = -1  # increases with every admission (running order, victim choice)
         self.last_scheduled_time = arrival_time  # when the request last got tokens (aging, starvation guards)
         self.policy_state = None  # whatever the policy keeps per request (mlfq: level and attained service)
+        # Filled by the engine when the request is added (from params.bad_words and params.structured): the token
+        # sequences never to complete, and the structured-output state (a core.structured_outputs.TokenConstraint).
+        self.bad_word_ids: tuple[tuple[int, ...], ...] = ()
+        self.constraint = None
         self.spec_context = None  # speculation: the context as a numpy array, extended as it grows (speculator.py)
 
     @property

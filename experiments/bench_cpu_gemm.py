@@ -9,8 +9,10 @@ Two kinds of case, each timed interleaved (one call of each variant per round; m
               weights per call, as in a real decode step, so no weight is hot in cache when it is read.
               --qkv=1536 adds llama-small's attention projections to each layer (qkv [D, 1536], o [D, D]).
 Variants: xla (`jnp.dot`, float32, under jit) and packed (`packed_matmul`, weights packed once outside the timed
-call). Prints one JSON line per (case, M): median ms, GFLOP/s (2 M K N / time, summed over the chain's matmuls)
-and packed's speedup over xla.
+call). --dtype=bfloat16: bf16 weights, x cast to bf16 at each matmul and float32 sums on both sides (XLA's
+`jnp.dot(..., preferred_element_type=float32)` as a model with matmul_dtype bfloat16 runs it; the packed kernel's
+bf16 panels); activations between the chain's layers stay float32, as in the model. Prints one JSON line per
+(case, M): median ms, GFLOP/s (2 M K N / time, summed over the chain's matmuls) and packed's speedup over xla.
 
   PYTHONPATH=. JAX_PLATFORMS=cpu python -m experiments.bench_cpu_gemm
   ... --ms=256,512,1024,2048 --shapes=1024x5632,2816x1024 --chain_ms=   (where XLA catches up)
@@ -45,6 +47,7 @@ _QKV = flags.DEFINE_integer(
 _ROUNDS = flags.DEFINE_integer("rounds", 7, "timed rounds (one call of each variant per round)")
 _THREADS = flags.DEFINE_integer("num_threads", 0, "packed kernel threads (0: this process's CPUs)")
 _SEED = flags.DEFINE_integer("seed", 0, "random data")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "the weights' and matmul inputs' dtype")
 _OUT = flags.DEFINE_string("out", None, "also write every round's time to this data file (docs/data/*.json)")
 RUNS: list[dict] = []  # every round of every case, for --out
 
@@ -81,14 +84,27 @@ def report(case: dict, flops: float, med: dict) -> None:
     print(json.dumps(row), flush=True)
 
 
+def xla_dot(x, w):
+    """x @ w as the model's linears run it: x cast to the weights' dtype, float32 sums."""
+    return jnp.dot(x.astype(w.dtype), w, preferred_element_type=jnp.float32)
+
+
+def packed_dot(x, wp, n, threads):
+    return cpu_gemm.packed_matmul(x.astype(wp.dtype), wp, n, num_threads=threads)
+
+
+def weight(rng, shape):
+    return (rng.standard_normal(shape, np.float32) * 0.02).astype(jnp.dtype(_DTYPE.value))
+
+
 def standalone(rng, threads):
-    xla = jax.jit(lambda x, w: jnp.dot(x, w))
+    xla = jax.jit(xla_dot)
     for shape in _SHAPES.value:
         K, N = map(int, shape.split("x"))
-        w = rng.standard_normal((K, N), np.float32) * 0.02
+        w = weight(rng, (K, N))
         wp = jnp.asarray(cpu_gemm.pack_weight(w))
         w = jnp.asarray(w)
-        packed = jax.jit(lambda x, wp, n=N: cpu_gemm.packed_matmul(x, wp, n, num_threads=threads))
+        packed = jax.jit(lambda x, wp, n=N: packed_dot(x, wp, n, threads))
         for M in map(int, _MS.value):
             x = jnp.asarray(rng.standard_normal((M, K), np.float32))
             case = dict(case="standalone", shape=shape, m=M)
@@ -101,7 +117,7 @@ def chain(rng, threads):
     shapes = [(D, 2 * F), (F, D)] + ([(D, Q), (D, D)] if Q else [])  # gate|up, down (, qkv, o)
     plain, packs = [], []
     for _ in range(L):
-        ws = [rng.standard_normal(s, np.float32) * 0.02 for s in shapes]
+        ws = [weight(rng, s) for s in shapes]
         plain.append([jnp.asarray(w) for w in ws])
         packs.append([jnp.asarray(cpu_gemm.pack_weight(w)) for w in ws])
 
@@ -116,8 +132,8 @@ def chain(rng, threads):
 
         return jax.jit(run)
 
-    xla = stack(lambda x, w, n: jnp.dot(x, w))
-    packed = stack(lambda x, w, n: cpu_gemm.packed_matmul(x, w, n, num_threads=threads))
+    xla = stack(lambda x, w, n: xla_dot(x, w))
+    packed = stack(lambda x, w, n: packed_dot(x, w, n, threads))
     for M in map(int, _CHAIN_MS.value):
         x = jnp.asarray(rng.standard_normal((M, D), np.float32))
         case = dict(case="chain", shape=f"{L} layers {D}x{2 * F}, {F}x{D}" + (f", {D}x{Q}, {D}x{D}" if Q else ""), m=M)
@@ -140,13 +156,13 @@ def main(argv):
     if _OUT.value:
         from cbjax.bench.doc_data import write_doc_data
 
-        labels = dict(build=auto.build_kind(), xla_max_isa=xla_max_isa())
+        labels = dict(build=auto.build_kind(), xla_max_isa=xla_max_isa(), dtype=_DTYPE.value)
         command = " ".join(f"{k}={os.environ[k]}" for k in ("CBJAX_CPU_BUILD", "XLA_FLAGS") if os.environ.get(k))
         write_doc_data(
             _OUT.value,
             command=f"{command} python -m experiments.bench_cpu_gemm {' '.join(sys.argv[1:])}".strip(),
             runs=[dict(labels, **r) for r in RUNS],
-            what="float32 matmuls at decode sizes: the packed C++ kernel against XLA's dot, interleaved rounds",
+            what=f"{_DTYPE.value} matmuls at decode sizes: the packed C++ kernel against XLA's dot, interleaved rounds",
             settings=dict(labels, num_threads=_THREADS.value, seed=_SEED.value),
         )
 

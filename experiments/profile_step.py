@@ -193,7 +193,10 @@ def main(argv):
         layers = [{k: pack(v) for k, v in lw.items()} for lw in layers]
         weights = dict(gate_up=weights["gate_up"], head=pack(weights["head"]))
         # valid_rows: the engine's linears skip a padded batch's padding rows (None: every row).
-        dot = lambda x, y, rows=None: cpu_gemm.packed_matmul(x, y, y.shape[0] * cpu_gemm.NR, valid_rows=rows)
+        # x cast to the weights' dtype, as PackedLinear does (bf16 panels take bf16 x)
+        dot = lambda x, y, rows=None: cpu_gemm.packed_matmul(
+            x.astype(y.dtype), y, y.shape[0] * cpu_gemm.NR, valid_rows=rows
+        )
         dot = jax.jit(dot)
 
     @jax.jit
@@ -206,7 +209,9 @@ def main(argv):
         return acc
 
     # With the packed kernel an all-greedy step's head is fused: the LM head's argmax, no logits, no sampler.
-    greedy_head = jax.jit(lambda h, rows: cpu_gemm.packed_matmul_argmax(h, weights["head"], V, valid_rows=rows))
+    greedy_head = jax.jit(
+        lambda h, rows: cpu_gemm.packed_matmul_argmax(h.astype(mm), weights["head"], V, valid_rows=rows)
+    )
 
     @jax.jit
     def attention(q, kv_caches, md):

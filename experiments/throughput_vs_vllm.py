@@ -12,6 +12,11 @@ sides see the same minute. Every process is one run of the data file (`workload`
 `round`, `output_throughput` = its `output_tok_per_s`, `wall_s`, the load average before and after, and its whole
 JSON line as `result`); the file is rewritten after every round, so an interrupted sitting keeps what it measured.
 The table: the view `ab` by workload, model and dtype, side `engine` (docs/benchmarks.md).
+
+`--also_cbjax NAME=ITEM[,ITEM...]` adds, in every round, one more cbjax process (engine `NAME`), between cbjax's
+and vLLM's and under the same lock; an ITEM `VAR=VALUE` sets an environment variable, an ITEM `--flag=value` adds
+a flag of experiments.throughput. E.g. the previous tree's path through an env switch, `cbjax-xla=CBJAX_MATMUL=xla`
+(XLA's dot instead of the packed kernel), or another setting, `cbjax-kv-bf16=--kv_cache_dtype=bfloat16`.
 """
 
 from __future__ import annotations
@@ -87,6 +92,7 @@ def main(argv=None) -> None:
     ap.add_argument("--lock", default=None, help="flock held for each round of one comparison")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds one process may take")
     ap.add_argument("--doc_data", required=True, help="the data file to write (docs/data/*.json)")
+    ap.add_argument("--also_cbjax", nargs="*", default=[], help="NAME=ITEM[,ITEM]: another cbjax side (docstring)")
     args = ap.parse_args(argv)
     from cbjax.bench.doc_data import write_doc_data
 
@@ -103,9 +109,19 @@ def main(argv=None) -> None:
         )
     env_cbjax = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
     env_vllm = {**os.environ, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "PEER_DIR": args.peers}
+    also = {}  # engine name -> (its extra flags, its environment)
+    for spec in args.also_cbjax:
+        name, _, items = spec.partition("=")
+        items = [i for i in items.split(",") if i]
+        extra = [i for i in items if i.startswith("--")]
+        pairs = [i.split("=", 1) for i in items if not i.startswith("--")]
+        if not name or not items or any(len(p) != 2 for p in pairs) or name in ("cbjax", "vllm"):
+            raise ValueError(f"--also_cbjax takes NAME=VAR=VALUE|--flag=value[,...], got {spec!r}")
+        also[name] = (extra, {**env_cbjax, **dict(pairs)})
     command = (
         f"python -m experiments.throughput_vs_vllm --workloads {' '.join(args.workloads)} --models "
         f"{' '.join(args.models)} --dtypes {' '.join(args.dtypes)} --rounds {args.rounds} --peers {args.peers}"
+        + (f" --also_cbjax {' '.join(args.also_cbjax)}" if args.also_cbjax else "")
     )
     commands = {
         "cbjax": "python -m experiments.throughput --workload WL.json --model MODEL [--matmul_dtype bfloat16]",
@@ -120,6 +136,7 @@ def main(argv=None) -> None:
                 for dtype in args.dtypes:
                     sides = {
                         "cbjax": (cbjax_command(workload, model, dtype), env_cbjax),
+                        **{n: (cbjax_command(workload, model, dtype) + extra, env) for n, (extra, env) in also.items()},
                         "vllm": (vllm_command(args.peers, workload, peer_model, dtype), env_vllm),
                     }
                     with held(args.lock):

@@ -1,11 +1,12 @@
-"""How the engine runs a model's linear layers: as loaded (XLA's dot), weight-only int8 (quantize.py), or float32
-on the CPU matmul kernel over pre-packed weights (packed_linear.py, kernels_pallas/cpu/gemm.py).
+"""How the engine runs a model's linear layers: as loaded (XLA's dot), weight-only int8 (quantize.py), or float32 /
+bfloat16 on the CPU matmul kernel over pre-packed weights (packed_linear.py, kernels_pallas/cpu/gemm.py).
 
 `cpu_matmul` ("auto" | "packed" | "xla"; the CBJAX_MATMUL environment variable overrides it): "auto" packs a
-float32 model served on the CPU backend without tensor parallelism when the kernel builds here and
-kernels_pallas/cpu/auto.py's measured table takes it for this build (not a build without AVX-512), else keeps
-XLA's dot; "packed" insists (ValueError saying why it cannot, RuntimeError if the kernel does not build); "xla" never
-packs. Decode-sized matmuls are where packing pays (docs/benchmarks.md, "What each lever gave").
+float32 or bfloat16 model served on the CPU backend without tensor parallelism when the kernel builds here and
+kernels_pallas/cpu/auto.py's measured table takes it for this build (not a build without AVX-512; for bf16
+linears, not one without AVX512-BF16), else keeps XLA's dot; "packed" insists (ValueError saying why it cannot,
+RuntimeError if the kernel does not build); "xla" never packs. Decode-sized matmuls are where packing pays
+(docs/benchmarks.md, "What each lever gave").
 """
 
 import functools
@@ -16,7 +17,7 @@ import jax
 from flax import nnx
 
 from cbjax.config.model import CPU_MATMULS
-from cbjax.model.packed_linear import pack_model, unpackable_reason
+from cbjax.model.packed_linear import linear_dtypes, pack_model, unpackable_reason
 from cbjax.model.quantize import quantize_model
 from kernels_pallas.cpu import auto as cpu_auto
 from kernels_pallas.cpu import gemm as cpu_gemm
@@ -46,6 +47,8 @@ def resolve_cpu_matmul(impl: str, model, tensor_parallel_size: int = 1) -> str:
             raise RuntimeError(f"cpu_matmul='packed', but the kernel is unavailable: {cpu_gemm.unavailable_reason()}")
         return "packed"
     reason = cpu_auto.auto_reason("matmul")  # the kernel unavailable, or measured slower than XLA on this build
+    if reason is None and "bfloat16" in linear_dtypes(model):
+        reason = cpu_auto.auto_reason("matmul_bf16")  # its fast path needs AVX512-BF16
     if reason is not None:
         _warn_unavailable_once(reason)
         return "xla"

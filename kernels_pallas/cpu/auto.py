@@ -10,16 +10,25 @@ the kernel when `auto_reason(kernel)` is None, else the XLA path, logging the re
 
 from kernels_pallas.cpu import library
 
-KERNELS = ("decode_attention", "prefill_attention", "matmul")
+KERNELS = ("decode_attention", "prefill_attention", "matmul", "matmul_bf16")
 # Build -> the kernels `auto` takes with it (the rest go to XLA), from the measurements in docs/kernels.md: the
 # portable build against XLA held to AVX2, kernel by kernel and in the engine's offline throughput. Its decode
 # kernel beat XLA's loop in every case; its prefill kernel lost or drew in every case; its packed matmul won at a
 # few rows and lost from 64 rows on, and the engine ran faster with XLA's dot.
+# matmul_bf16, the packed matmul of bfloat16 linears, is measured only with AVX512-BF16 (docs/benchmarks.md,
+# bfloat16 against vLLM-CPU), so it also needs that (REQUIRES); its portable loop is never taken by `auto`.
 AUTO_TAKES = {
     "avx512": frozenset(KERNELS),
     "portable": frozenset({"decode_attention"}),
 }
-_NAMES = {"decode_attention": "decode attention", "prefill_attention": "prefill attention", "matmul": "matmul"}
+# Kernel -> the library feature (library.features()) that `auto` also needs for it.
+REQUIRES = {"matmul_bf16": "avx512bf16"}
+_NAMES = {
+    "decode_attention": "decode attention",
+    "prefill_attention": "prefill attention",
+    "matmul": "matmul",
+    "matmul_bf16": "bfloat16 matmul",
+}
 
 
 def build_kind() -> str | None:
@@ -40,6 +49,12 @@ def auto_reason(kernel: str) -> str | None:
     if kind is None:
         return library.unavailable_reason()
     if kernel in AUTO_TAKES[kind]:
+        feature = REQUIRES.get(kernel)
+        if feature is not None and not library.features().get(feature):
+            return (
+                f"the C++ {_NAMES[kernel]} is built without {feature} (this CPU lacks it), where its portable loop "
+                "was not measured against XLA's"
+            )
         return None
     cause = (
         f"{library.BUILD_ENV_VAR}=no-avx512" if "no-avx512" in library.build_options() else "this CPU has no AVX-512"

@@ -10,6 +10,9 @@ extern "C" int CbjaxCpuKernelsBuildInfo() {
 #if defined(__AVX2__)
   bits |= 2;
 #endif
+#if defined(__AVX512BF16__)
+  bits |= 8;  // the bf16 matmul's vdpbf16ps path (gemm.cc); without it, its portable loop
+#endif
 #if defined(CBJAX_CHECKED) && CBJAX_CHECKED
   bits |= 4;  // bad page ids and context lengths are errors (attention_ffi.cc)
 #endif

@@ -37,6 +37,16 @@
 // 4 x 2, 4 x 3 (slower still) and 8 x 1 (as fast as 6 x 2 alone, in a one-thread test outside XLA).
 //
 // Without AVX-512 the same loops run on plain arrays (the compiler vectorises the 32 columns for what it has).
+//
+// bfloat16 (the handlers *Bf16: a model with matmul_dtype bfloat16): x [M, K] and the weights in bf16, the sums in
+// float32. The panels hold k-pairs: [P, ceil(K / 2), kNR, 2], element [p, kk, j, t] = w[2 kk + t, p kNR + j] (zero
+// past K and N), so one 128-byte pair-row of a panel is two zmm of 16 columns x 2 k, the operand of AVX512-BF16's
+// vdpbf16ps: acc[j] += x[2kk] w[2kk, j] + x[2kk + 1] w[2kk + 1, j] (products exact in float32, each add rounded),
+// with x's pair broadcast as one 32-bit lane. Half the bytes of the float32 panels per weight (decode sizes are
+// bound by reading them) and two multiply-adds per lane per instruction. Every output element is still one chain
+// over kk = 0 .. ceil(K / 2) - 1, so the bitwise independence of M and of the thread count holds as for float32.
+// Without AVX512-BF16 (`__AVX512BF16__` undefined: an older CPU or the no-avx512 build) the bf16 handlers run a
+// portable loop that widens each bf16 to float32 and sums k = 0 .. K-1 in order: same results up to rounding.
 
 #include <algorithm>
 #include <array>
@@ -53,6 +63,7 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+#include <type_traits>
 
 namespace ffi = xla::ffi;
 
@@ -79,11 +90,22 @@ constexpr int64_t kMinWorkPerThread = 1 << 20;  // multiply-adds below which a h
 // prefetch +30% at M = 16 and +15% at M = 64 over none, 1024 to 4096 floats ahead alike; the next-panel one
 // +3-5% more at M = 4..64 (medians of 9 rounds), and no better than none when every block asks.
 constexpr int64_t kPrefetch = 2048;
+// The same 8 KiB ahead in a bf16 panel: 64 pair-rows of 128 bytes.
+constexpr int64_t kPrefetchBf16 = 4096;
 
+using bf16 = uint16_t;  // XLA FFI's BF16 element: the upper half of a float32's bits
+
+// Elements of one panel of the packed weights: [K, kNR] float32, or [ceil(K / 2), kNR, 2] bf16.
+template <typename T>
+constexpr int64_t panel_elems(int64_t K) {
+  return std::is_same_v<T, float> ? K * kNR : (K + 1) / 2 * 2 * kNR;
+}
+
+template <typename T>  // float, or bf16 for the bf16 handlers
 struct Gemm {
-  const float* x;  // [M, K]
-  const float* w;  // [P, K, kNR]
-  float* y;        // [M, N]; null for the argmax kernel
+  const T* x;  // [M, K]
+  const T* w;  // [P, panel_elems(K)]
+  float* y;    // [M, N]; null for the argmax kernel
   int64_t M, K, N, P, chunk;
   float* best;        // argmax: [groups, M] the best value of each (panel group, row) (NaN: a NaN was seen)
   int32_t* best_col;  // argmax: [groups, M] its column
@@ -132,13 +154,48 @@ inline void fold_best(__m512 v0, __m512 v1, __mmask16 m0, __mmask16 m1, int64_t 
 }
 #endif
 
+// A register block's sums, acc[r] holding C panels' columns: stored into y[r, col..col + cols), or with kArgmax
+// folded into best[r] / best_col[r].
+#if defined(__AVX512F__)
+template <int R, int C, bool kArgmax>
+inline void store_block(const __m512 (&acc)[R][2 * C], float* y, int64_t N, int64_t col, int64_t cols, float* best,
+                        int32_t* best_col) {
+#pragma GCC unroll 4
+  for (int c = 0; c < C; ++c) {
+    const int64_t cc = std::clamp<int64_t>(cols - c * kNR, 0, kNR), cc1 = std::max<int64_t>(cc - 16, 0);
+    const __mmask16 m0 = cc >= 16 ? 0xffff : static_cast<__mmask16>((1u << cc) - 1);
+    const __mmask16 m1 = cc1 >= 16 ? 0xffff : static_cast<__mmask16>((1u << cc1) - 1);
+    for (int r = 0; r < R; ++r) {
+      if constexpr (kArgmax) {
+        if (cc > 0) fold_best(acc[r][2 * c], acc[r][2 * c + 1], m0, m1, col + c * kNR, best[r], best_col[r]);
+      } else {
+        _mm512_mask_storeu_ps(y + r * N + col + c * kNR, m0, acc[r][2 * c]);
+        _mm512_mask_storeu_ps(y + r * N + col + c * kNR + 16, m1, acc[r][2 * c + 1]);
+      }
+    }
+  }
+}
+#endif
+
+template <int R, int C, bool kArgmax>
+inline void store_block(const float (&acc)[R][C * kNR], float* y, int64_t N, int64_t col, int64_t cols, float* best,
+                        int32_t* best_col) {
+  for (int r = 0; r < R; ++r) {
+    if constexpr (kArgmax) {
+      fold_best(acc[r], cols, col, best[r], best_col[r]);
+    } else {
+      std::memcpy(y + r * N + col, acc[r], cols * sizeof(float));
+    }
+  }
+}
+
 // y[0..R, col..col + cols) = x[0..R, :] @ C consecutive panels starting at `panel` (cols <= C * kNR: only the
 // last panel may have fewer real columns), or with kArgmax those sums folded into best[0..R) / best_col[0..R)
 // (one entry per row, in column order) instead. `next`, if not null: the first of the next C panels, to prefetch
 // into L2 meanwhile, a k-row per k. `col`: the first panel's first column.
 template <int R, int C, bool kArgmax>
-void block(const float* __restrict x, const float* __restrict panel, float* __restrict y, int64_t K, int64_t N,
-           int64_t col, int64_t cols, const float* next, float* best, int32_t* best_col) {
+void block_f32(const float* __restrict x, const float* __restrict panel, float* __restrict y, int64_t K, int64_t N,
+               int64_t col, int64_t cols, const float* next, float* best, int32_t* best_col) {
   const int64_t stride = K * kNR;  // floats from one panel to the next
 #if defined(__AVX512F__)
   __m512 acc[R][2 * C];
@@ -168,20 +225,7 @@ void block(const float* __restrict x, const float* __restrict panel, float* __re
       for (int j = 0; j < 2 * C; ++j) acc[r][j] = _mm512_fmadd_ps(xr, b[j], acc[r][j]);
     }
   }
-#pragma GCC unroll 4
-  for (int c = 0; c < C; ++c) {
-    const int64_t cc = std::clamp<int64_t>(cols - c * kNR, 0, kNR), cc1 = std::max<int64_t>(cc - 16, 0);
-    const __mmask16 m0 = cc >= 16 ? 0xffff : static_cast<__mmask16>((1u << cc) - 1);
-    const __mmask16 m1 = cc1 >= 16 ? 0xffff : static_cast<__mmask16>((1u << cc1) - 1);
-    for (int r = 0; r < R; ++r) {
-      if constexpr (kArgmax) {
-        if (cc > 0) fold_best(acc[r][2 * c], acc[r][2 * c + 1], m0, m1, col + c * kNR, best[r], best_col[r]);
-      } else {
-        _mm512_mask_storeu_ps(y + r * N + col + c * kNR, m0, acc[r][2 * c]);
-        _mm512_mask_storeu_ps(y + r * N + col + c * kNR + 16, m1, acc[r][2 * c + 1]);
-      }
-    }
-  }
+  store_block<R, C, kArgmax>(acc, y, N, col, cols, best, best_col);
 #else
   (void)next;  // the portable path leaves prefetching to the hardware
   float acc[R][C * kNR] = {};
@@ -196,34 +240,111 @@ void block(const float* __restrict x, const float* __restrict panel, float* __re
       }
     }
   }
-  for (int r = 0; r < R; ++r) {
-    if constexpr (kArgmax) {
-      fold_best(acc[r], cols, col, best[r], best_col[r]);
-    } else {
-      std::memcpy(y + r * N + col, acc[r], cols * sizeof(float));
-    }
-  }
+  store_block<R, C, kArgmax>(acc, y, N, col, cols, best, best_col);
 #endif
 }
 
-using BlockFn = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t, const float*, float*,
-                         int32_t*);
-
-template <int C, bool kArgmax, int... Rs>
-constexpr auto make_blocks(std::integer_sequence<int, Rs...>) {
-  return std::array<BlockFn, sizeof...(Rs)>{block<Rs + 1, C, kArgmax>...};
+inline float bf16_to_f32(bf16 v) {
+  const uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
 }
-// kBlocks[a][R - 1] does R rows times one panel, kWideBlocks[a][R - 1] R rows times kWidePanels panels (a lone
-// last panel, of an odd count, takes kBlocks); a = 1: the argmax kernel.
-constexpr std::array<std::array<BlockFn, kMR>, 2> kBlocks = {
-    make_blocks<1, false>(std::make_integer_sequence<int, kMR>{}),
-    make_blocks<1, true>(std::make_integer_sequence<int, kMR>{})};
-constexpr std::array<std::array<BlockFn, kWideMR>, 2> kWideBlocks = {
-    make_blocks<kWidePanels, false>(std::make_integer_sequence<int, kWideMR>{}),
-    make_blocks<kWidePanels, true>(std::make_integer_sequence<int, kWideMR>{})};
+
+// block_f32 for bf16 x and bf16 panels [ceil(K / 2), kNR, 2] (see the file's comment): the same register blocks,
+// prefetches and epilogue, a vdpbf16ps per k-pair instead of an FMA per k.
+template <int R, int C, bool kArgmax>
+void block_bf16(const bf16* __restrict x, const bf16* __restrict panel, float* __restrict y, int64_t K, int64_t N,
+                int64_t col, int64_t cols, const bf16* next, float* best, int32_t* best_col) {
+  const int64_t stride = panel_elems<bf16>(K);  // elements from one panel to the next
+#if defined(__AVX512BF16__)
+  __m512 acc[R][2 * C];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int j = 0; j < 2 * C; ++j) acc[r][j] = _mm512_setzero_ps();
+  // One pair-row kk: `pair(r)` is x[r, 2kk] | x[r, 2kk + 1] << 16, the 32 bits broadcast to every lane.
+  auto step = [&](int64_t kk, auto pair) __attribute__((always_inline)) {
+    __m512bh b[2 * C];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      const bf16* bc = panel + c * stride + kk * 2 * kNR;
+      _mm_prefetch(reinterpret_cast<const char*>(bc + kPrefetchBf16), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(bc + kPrefetchBf16 + 32), _MM_HINT_T0);
+      if (next) {
+        _mm_prefetch(reinterpret_cast<const char*>(next + c * stride + kk * 2 * kNR), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(next + c * stride + kk * 2 * kNR + 32), _MM_HINT_T1);
+      }
+      b[2 * c] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(bc));
+      b[2 * c + 1] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(bc + 32));
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512bh xr = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int32_t>(pair(r))));
+#pragma GCC unroll 4
+      for (int j = 0; j < 2 * C; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], xr, b[j]);
+    }
+  };
+  const int64_t pairs = K / 2;
+  for (int64_t kk = 0; kk < pairs; ++kk) {
+    step(kk, [&](int r) {
+      uint32_t v;
+      std::memcpy(&v, x + r * K + 2 * kk, sizeof v);
+      return v;
+    });
+  }
+  // An odd K's last k: its partner is 0 in x, and the zero padding in the panels.
+  if (K % 2) step(pairs, [&](int r) { return static_cast<uint32_t>(x[r * K + K - 1]); });
+  store_block<R, C, kArgmax>(acc, y, N, col, cols, best, best_col);
+#else
+  (void)next;
+  float acc[R][C * kNR] = {};
+  for (int64_t k = 0; k < K; ++k) {
+    for (int c = 0; c < C; ++c) {
+      const bf16* b = panel + c * stride + (k / 2) * 2 * kNR + (k % 2);
+      for (int r = 0; r < R; ++r) {
+        const float xr = bf16_to_f32(x[r * K + k]);
+#pragma omp simd
+        for (int64_t j = 0; j < kNR; ++j) acc[r][c * kNR + j] += xr * bf16_to_f32(b[2 * j]);
+      }
+    }
+  }
+  store_block<R, C, kArgmax>(acc, y, N, col, cols, best, best_col);
+#endif
+}
+
+template <typename T, int R, int C, bool kArgmax>
+void block(const T* x, const T* panel, float* y, int64_t K, int64_t N, int64_t col, int64_t cols, const T* next,
+           float* best, int32_t* best_col) {
+  if constexpr (std::is_same_v<T, float>) {
+    block_f32<R, C, kArgmax>(x, panel, y, K, N, col, cols, next, best, best_col);
+  } else {
+    block_bf16<R, C, kArgmax>(x, panel, y, K, N, col, cols, next, best, best_col);
+  }
+}
+
+template <typename T>
+using BlockFn = void (*)(const T*, const T*, float*, int64_t, int64_t, int64_t, int64_t, const T*, float*, int32_t*);
+
+template <typename T, int C, bool kArgmax, int... Rs>
+constexpr auto make_blocks(std::integer_sequence<int, Rs...>) {
+  return std::array<BlockFn<T>, sizeof...(Rs)>{block<T, Rs + 1, C, kArgmax>...};
+}
+// Blocks<T>::one[a][R - 1] does R rows times one panel, Blocks<T>::wide[a][R - 1] R rows times kWidePanels panels
+// (a lone last panel, of an odd count, takes `one`); a = 1: the argmax kernel.
+template <typename T>
+struct Blocks {
+  static constexpr std::array<std::array<BlockFn<T>, kMR>, 2> one = {
+      make_blocks<T, 1, false>(std::make_integer_sequence<int, kMR>{}),
+      make_blocks<T, 1, true>(std::make_integer_sequence<int, kMR>{})};
+  static constexpr std::array<std::array<BlockFn<T>, kWideMR>, 2> wide = {
+      make_blocks<T, kWidePanels, false>(std::make_integer_sequence<int, kWideMR>{}),
+      make_blocks<T, kWidePanels, true>(std::make_integer_sequence<int, kWideMR>{})};
+};
 
 // Rows [row0, row1) times panels [p0, p1) (panel group `grp` for the argmax kernel's partial results).
-void run_item(const Gemm& g, int64_t row0, int64_t row1, int64_t p0, int64_t p1, int64_t grp) {
+template <typename T>
+void run_item(const Gemm<T>& g, int64_t row0, int64_t row1, int64_t p0, int64_t p1, int64_t grp) {
   const bool argmax = g.y == nullptr;
   const int64_t rows = row1 - row0;
   // Few rows (decode): blocks of up to 12 rows read each panel once. More: blocks of 6 rows x 2 panels, whose
@@ -241,15 +362,16 @@ void run_item(const Gemm& g, int64_t row0, int64_t row1, int64_t p0, int64_t p1,
   }
   for (int64_t p = p0; p < p1;) {
     const int64_t c = std::min(max_panels, p1 - p);  // panels side by side in this block
-    const float* panel = g.w + p * g.K * kNR;
+    const int64_t stride = panel_elems<T>(g.K);
+    const T* panel = g.w + p * stride;
     const int64_t col = p * kNR, cols = std::min(c * kNR, g.N - col);
     // The first row block streams the panels from memory and asks for the next ones meanwhile: with 2 or more
     // row blocks per panel, memory then streams while the later blocks compute from L2, instead of idling.
-    const float* next = p + c < g.P ? panel + c * g.K * kNR : nullptr;
+    const T* next = p + c < g.P ? panel + c * stride : nullptr;
     int64_t r = row0;
     for (int64_t b = 0; b < nblocks; ++b) {
       const int64_t n = base + (b < extra ? 1 : 0);
-      const BlockFn fn = c > 1 ? kWideBlocks[argmax][n - 1] : kBlocks[argmax][n - 1];
+      const BlockFn<T> fn = c > 1 ? Blocks<T>::wide[argmax][n - 1] : Blocks<T>::one[argmax][n - 1];
       fn(g.x + r * g.K, panel, argmax ? nullptr : g.y + r * g.N, g.K, g.N, col, cols, b == 0 ? next : nullptr,
          argmax ? best + r : nullptr, argmax ? best_col + r : nullptr);
       r += n;
@@ -259,8 +381,9 @@ void run_item(const Gemm& g, int64_t row0, int64_t row1, int64_t p0, int64_t p1,
 }
 
 // One call's work: shared by the calling thread and its helpers (work_queue.h).
+template <typename T>
 struct Batch {
-  Gemm g;
+  Gemm<T> g;
   int64_t groups = 0;
   cbjax_cpu::WorkQueue queue;  // item i: row chunk i / groups, panel group i % groups
 
@@ -276,14 +399,25 @@ struct Batch {
 
 using F32Matrix = ffi::Buffer<ffi::F32, 2>;
 using F32Panels = ffi::Buffer<ffi::F32, 3>;
+using Bf16Matrix = ffi::Buffer<ffi::BF16, 2>;
+using Bf16Panels = ffi::Buffer<ffi::BF16, 4>;  // [P, ceil(K / 2), kNR, 2]
 using S32Vector = ffi::Buffer<ffi::S32, 1>;
 
-// The checks both handlers share. On success `rows` is how many leading rows to compute: valid_rows clamped to
+// The checks every handler shares. On success `rows` is how many leading rows to compute: valid_rows clamped to
 // [0, M]; the rows past it are a padded batch's padding (a step's buckets pad 10-20% of a decode step's rows).
-ffi::Error check(const F32Matrix& x, const F32Panels& w, const S32Vector& valid_rows, int64_t n, int64_t& rows) {
+template <typename XBuf, typename WBuf>
+ffi::Error check(const XBuf& x, const WBuf& w, const S32Vector& valid_rows, int64_t n, int64_t& rows) {
   auto xd = x.dimensions(), wd = w.dimensions();
-  if (wd[2] != kNR) return ffi::Error::InvalidArgument("packed weights must be [ceil(N / 32), K, 32]");
-  if (wd[1] != xd[1]) return ffi::Error::InvalidArgument("x [M, K] and the packed weights [P, K, 32] differ in K");
+  constexpr bool kBf16 = std::is_same_v<WBuf, Bf16Panels>;
+  if constexpr (kBf16) {
+    if (wd[2] != kNR || wd[3] != 2)
+      return ffi::Error::InvalidArgument("packed bf16 weights must be [ceil(N / 32), ceil(K / 2), 32, 2]");
+    if (wd[1] != (xd[1] + 1) / 2)
+      return ffi::Error::InvalidArgument("x [M, K] and the packed bf16 weights [P, ceil(K / 2), 32, 2] differ in K");
+  } else {
+    if (wd[2] != kNR) return ffi::Error::InvalidArgument("packed weights must be [ceil(N / 32), K, 32]");
+    if (wd[1] != xd[1]) return ffi::Error::InvalidArgument("x [M, K] and the packed weights [P, K, 32] differ in K");
+  }
   if (n < 0 || wd[0] != (n + kNR - 1) / kNR)
     return ffi::Error::InvalidArgument("the packed weights' panel count is not ceil(n / 32)");
   if (valid_rows.element_count() != 1) return ffi::Error::InvalidArgument("valid_rows must hold one int32");
@@ -292,8 +426,9 @@ ffi::Error check(const F32Matrix& x, const F32Panels& w, const S32Vector& valid_
 }
 
 // Runs every item of g (g.M rows, K > 0, n > 0) on the calling thread and up to num_threads - 1 pool helpers.
-void run(ffi::ThreadPool& pool, Gemm g, int32_t num_threads) {
-  auto batch = std::make_shared<Batch>();
+template <typename T>
+void run(ffi::ThreadPool& pool, Gemm<T> g, int32_t num_threads) {
+  auto batch = std::make_shared<Batch<T>>();
   batch->g = g;
   batch->groups = (g.P + kPanelsPerItem - 1) / kPanelsPerItem;
   const int64_t total = batch->groups * ((g.M + g.chunk - 1) / g.chunk);
@@ -302,22 +437,26 @@ void run(ffi::ThreadPool& pool, Gemm g, int32_t num_threads) {
   cbjax_cpu::run_on_pool(pool, std::min({helpers, total - 1, g.M * g.K * g.N / kMinWorkPerThread}), batch);
 }
 
-Gemm make_gemm(const F32Matrix& x, const F32Panels& w, int64_t rows, int64_t n) {
+template <typename XBuf, typename WBuf>
+auto make_gemm(const XBuf& x, const WBuf& w, int64_t rows, int64_t n) {
+  using T = std::remove_cv_t<std::remove_pointer_t<decltype(x.typed_data())>>;
   const int64_t K = x.dimensions()[1];
   // A chunk is a whole number of full register blocks, so chunk boundaries do not leave short blocks behind.
-  const int64_t chunk = std::max<int64_t>(kMR, kChunkBytes / (std::max<int64_t>(K, 1) * 4) / kMR * kMR);
-  return Gemm{x.typed_data(), w.typed_data(), nullptr, rows, K, n, w.dimensions()[0], chunk, nullptr, nullptr};
+  const int64_t row_bytes = std::max<int64_t>(K, 1) * static_cast<int64_t>(sizeof(T));
+  const int64_t chunk = std::max<int64_t>(kMR, kChunkBytes / row_bytes / kMR * kMR);
+  return Gemm<T>{x.typed_data(), w.typed_data(), nullptr, rows, K, n, w.dimensions()[0], chunk, nullptr, nullptr};
 }
 
-ffi::Error PackedGemm(ffi::ThreadPool pool, F32Matrix x, F32Panels w, S32Vector valid_rows, int64_t n,
-                      int32_t num_threads, ffi::Result<F32Matrix> y) {
+template <typename XBuf, typename WBuf>
+ffi::Error PackedGemm(ffi::ThreadPool pool, XBuf x, WBuf w, S32Vector valid_rows, int64_t n, int32_t num_threads,
+                      ffi::Result<F32Matrix> y) {
   int64_t M;
   if (auto e = check(x, w, valid_rows, n, M); e.failure()) return e;
   auto yd = y->dimensions();
   if (yd[0] != x.dimensions()[0] || yd[1] != n) return ffi::Error::InvalidArgument("the output must be [M, n]");
   if (M < yd[0]) std::memset(y->typed_data() + M * n, 0, (yd[0] - M) * n * sizeof(float));  // padding rows
   if (M == 0 || n == 0) return ffi::Error::Success();
-  Gemm g = make_gemm(x, w, M, n);
+  auto g = make_gemm(x, w, M, n);
   g.y = y->typed_data();
   if (g.K == 0) {
     std::memset(g.y, 0, M * n * sizeof(float));
@@ -329,7 +468,8 @@ ffi::Error PackedGemm(ffi::ThreadPool pool, F32Matrix x, F32Panels w, S32Vector 
 
 // argmax over the columns of x @ w, per row, without storing the product (the greedy LM head): the first NaN,
 // else the first column of the largest value. Rows past valid_rows get 0.
-ffi::Error PackedGemmArgmax(ffi::ThreadPool pool, F32Matrix x, F32Panels w, S32Vector valid_rows, int64_t n,
+template <typename XBuf, typename WBuf>
+ffi::Error PackedGemmArgmax(ffi::ThreadPool pool, XBuf x, WBuf w, S32Vector valid_rows, int64_t n,
                             int32_t num_threads, ffi::Result<S32Vector> out) {
   int64_t M;
   if (auto e = check(x, w, valid_rows, n, M); e.failure()) return e;
@@ -338,7 +478,7 @@ ffi::Error PackedGemmArgmax(ffi::ThreadPool pool, F32Matrix x, F32Panels w, S32V
   int32_t* idx = out->typed_data();
   std::fill(idx, idx + out->element_count(), 0);
   if (M == 0 || x.dimensions()[1] == 0) return ffi::Error::Success();  // K = 0: all zeros, column 0 wins
-  Gemm g = make_gemm(x, w, M, n);
+  auto g = make_gemm(x, w, M, n);
   const int64_t groups = (g.P + kPanelsPerItem - 1) / kPanelsPerItem;
   std::vector<float> best(groups * M);
   std::vector<int32_t> best_col(groups * M);
@@ -364,24 +504,24 @@ ffi::Error PackedGemmArgmax(ffi::ThreadPool pool, F32Matrix x, F32Panels w, S32V
 }  // namespace
 }  // namespace cbjax_gemm
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(CbjaxCpuPackedGemm, cbjax_gemm::PackedGemm,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<cbjax_gemm::F32Matrix>()  // x [M, K]
-                                  .Arg<cbjax_gemm::F32Panels>()  // w packed [ceil(n / 32), K, 32]
-                                  .Arg<cbjax_gemm::S32Vector>()  // valid_rows [1]: rows past it are zeros
-                                  .Attr<int64_t>("n")            // real output columns
-                                  .Attr<int32_t>("num_threads")  // <= 0: the intra-op pool's size
-                                  .Ret<cbjax_gemm::F32Matrix>()  // y [M, n]
-);
+#define CBJAX_GEMM_HANDLER(name, fn, XType, WType, RetType)                                                        \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, (fn<XType, WType>), ffi::Ffi::Bind()                                         \
+                                                              .Ctx<ffi::ThreadPool>()                              \
+                                                              .Arg<XType>()                                        \
+                                                              .Arg<WType>()                                        \
+                                                              .Arg<cbjax_gemm::S32Vector>()                        \
+                                                              .Attr<int64_t>("n")                                  \
+                                                              .Attr<int32_t>("num_threads")                        \
+                                                              .Ret<RetType>())
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(CbjaxCpuPackedGemmArgmax, cbjax_gemm::PackedGemmArgmax,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<cbjax_gemm::F32Matrix>()  // x [M, K]
-                                  .Arg<cbjax_gemm::F32Panels>()  // w packed [ceil(n / 32), K, 32]
-                                  .Arg<cbjax_gemm::S32Vector>()  // valid_rows [1]: rows past it get 0
-                                  .Attr<int64_t>("n")            // real columns
-                                  .Attr<int32_t>("num_threads")  // <= 0: the intra-op pool's size
-                                  .Ret<cbjax_gemm::S32Vector>()  // argmax [M]
-);
+// Arguments: x [M, K]; w packed ([ceil(n / 32), K, 32] float32 or [ceil(n / 32), ceil(K / 2), 32, 2] bf16);
+// valid_rows [1] (rows past it are zeros, or argmax 0); attributes n (real output columns) and num_threads (<= 0:
+// the intra-op pool's size). Returns y [M, n] float32, or the argmax kernels' [M] int32.
+CBJAX_GEMM_HANDLER(CbjaxCpuPackedGemm, cbjax_gemm::PackedGemm, cbjax_gemm::F32Matrix, cbjax_gemm::F32Panels,
+                   cbjax_gemm::F32Matrix);
+CBJAX_GEMM_HANDLER(CbjaxCpuPackedGemmArgmax, cbjax_gemm::PackedGemmArgmax, cbjax_gemm::F32Matrix,
+                   cbjax_gemm::F32Panels, cbjax_gemm::S32Vector);
+CBJAX_GEMM_HANDLER(CbjaxCpuPackedGemmBf16, cbjax_gemm::PackedGemm, cbjax_gemm::Bf16Matrix, cbjax_gemm::Bf16Panels,
+                   cbjax_gemm::F32Matrix);
+CBJAX_GEMM_HANDLER(CbjaxCpuPackedGemmArgmaxBf16, cbjax_gemm::PackedGemmArgmax, cbjax_gemm::Bf16Matrix,
+                   cbjax_gemm::Bf16Panels, cbjax_gemm::S32Vector);

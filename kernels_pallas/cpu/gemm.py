@@ -1,10 +1,14 @@
-"""A float32 matmul for CPU against pre-packed weights: a C++ XLA FFI custom call (gemm.cc), fast at decode
-sizes (a few to a few hundred rows).
+"""A float32 or bfloat16 matmul for CPU against pre-packed weights: a C++ XLA FFI custom call (gemm.cc), fast at
+decode sizes (a few to a few hundred rows).
 
 At small M a matmul is bound by reading its weights. XLA:CPU's dot (Eigen / oneDNN underneath) re-packs the weight
 matrix on every call and walks B [K, N] a column block at a time, crossing a page at every k. `pack_weight` lays
 the weights out once, at load time, as panels [ceil(N / NR), K, NR]: NR columns contiguous for each k, every panel
 one linear stream. `packed_matmul(x, w_packed, n)` then reads each weight once per call.
+
+bfloat16: `pack_weight` of a bf16 matrix gives bf16 panels of k-pairs [ceil(N / NR), ceil(K / 2), NR, 2] (element
+[p, kk, j, t] = w[2 kk + t, p NR + j], zeros past K and N), the operand layout of AVX512-BF16's vdpbf16ps; x is
+then bf16 too and the products are summed in float32 (output float32), as a bf16 x bf16 -> f32 `jnp.dot`.
 
 Every output element is summed in the same order (k = 0 .. K-1, one fused multiply-add chain) whatever M, the
 thread count, or where its row sits in the batch: a row's result is bitwise the same alone or in any batch.
@@ -36,21 +40,38 @@ def num_panels(n: int) -> int:
     return -(-n // NR)
 
 
+def is_bf16(w_packed) -> bool:
+    """Whether packed weights are the bfloat16 layout [P, ceil(K / 2), NR, 2] (else float32 [P, K, NR])."""
+    return jnp.dtype(w_packed.dtype) == jnp.bfloat16
+
+
 def pack_weight(w) -> np.ndarray:
     """w [K, N] float32 -> panels [ceil(N / NR), K, NR] float32; panel p holds columns p*NR .. p*NR + NR - 1 (zeros
-    past N). Runs on the host, once per weight, at load time."""
+    past N). w bfloat16 -> bf16 panels of k-pairs [ceil(N / NR), ceil(K / 2), NR, 2] (zeros past K and N; see the
+    module docstring). Runs on the host, once per weight, at load time."""
     w = np.asarray(w)
-    if w.ndim != 2 or w.dtype != np.float32:
-        raise ValueError(f"pack_weight expects a float32 [K, N] matrix, got {w.dtype} {w.shape}")
+    if w.ndim != 2 or w.dtype not in (np.float32, jnp.bfloat16):
+        raise ValueError(f"pack_weight expects a float32 or bfloat16 [K, N] matrix, got {w.dtype} {w.shape}")
     K, N = w.shape
     P = num_panels(N)
-    padded = np.zeros((K, P * NR), np.float32)
-    padded[:, :N] = w
-    return np.ascontiguousarray(padded.reshape(K, P, NR).transpose(1, 0, 2))
+    if w.dtype == np.float32:
+        padded = np.zeros((K, P * NR), np.float32)
+        padded[:, :N] = w
+        return np.ascontiguousarray(padded.reshape(K, P, NR).transpose(1, 0, 2))
+    Kh = -(-K // 2)
+    padded = np.zeros((2 * Kh, P * NR), w.dtype)
+    padded[:K, :N] = w
+    # [2 Kh, P NR] -> [Kh, 2, P, NR] -> [P, Kh, NR, 2]
+    return np.ascontiguousarray(padded.reshape(Kh, 2, P, NR).transpose(2, 0, 3, 1))
 
 
-def unpack_weight(w_packed, n: int):
-    """The inverse of `pack_weight`: [P, K, NR] -> [K, n] (jnp; works on traced arrays)."""
+def unpack_weight(w_packed, n: int, k: int | None = None):
+    """The inverse of `pack_weight`: [P, K, NR] -> [K, n], or bf16 [P, Kh, NR, 2] -> [k, n] (k: the original K,
+    2 Kh - 1 or 2 Kh; default 2 Kh) (jnp; works on traced arrays)."""
+    if is_bf16(w_packed):
+        P, Kh, nr, _ = w_packed.shape
+        full = jnp.transpose(w_packed, (1, 3, 0, 2)).reshape(2 * Kh, P * nr)
+        return full[: 2 * Kh if k is None else k, :n]
     P, K, nr = w_packed.shape
     return jnp.transpose(w_packed, (1, 0, 2)).reshape(K, P * nr)[:, :n]
 
@@ -58,13 +79,27 @@ def unpack_weight(w_packed, n: int):
 def _check(x, w_packed, n: int):
     if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 0:
         raise ValueError(f"n must be a non-negative int (static), got {n!r}")
-    if x.dtype != jnp.float32 or w_packed.dtype != jnp.float32:
-        raise ValueError(f"packed_matmul takes float32 x and weights, got {x.dtype} and {w_packed.dtype}")
-    if x.ndim < 1 or w_packed.ndim != 3 or w_packed.shape[2] != NR:
-        raise ValueError(f"expected x [..., K] and packed weights [P, K, {NR}], got {x.shape} and {w_packed.shape}")
-    P, K, _ = w_packed.shape
-    if x.shape[-1] != K:
-        raise ValueError(f"x's last dim {x.shape[-1]} differs from the packed weights' K = {K}")
+    if is_bf16(w_packed):
+        if x.dtype != jnp.bfloat16:
+            raise ValueError(f"packed_matmul with bfloat16 weights takes bfloat16 x, got {x.dtype}")
+        if x.ndim < 1 or w_packed.ndim != 4 or w_packed.shape[2:] != (NR, 2):
+            raise ValueError(
+                f"expected x [..., K] and packed bf16 weights [P, ceil(K / 2), {NR}, 2], got {x.shape} and "
+                f"{w_packed.shape}"
+            )
+        P, Kh = w_packed.shape[:2]
+        if -(-x.shape[-1] // 2) != Kh:
+            raise ValueError(f"x's last dim {x.shape[-1]} does not fit the packed bf16 weights' ceil(K / 2) = {Kh}")
+    else:
+        if x.dtype != jnp.float32 or w_packed.dtype != jnp.float32:
+            raise ValueError(
+                f"packed_matmul takes float32 (or bfloat16) x and weights, got {x.dtype} and {w_packed.dtype}"
+            )
+        if x.ndim < 1 or w_packed.ndim != 3 or w_packed.shape[2] != NR:
+            raise ValueError(f"expected x [..., K] and packed weights [P, K, {NR}], got {x.shape} and {w_packed.shape}")
+        P, K, _ = w_packed.shape
+        if x.shape[-1] != K:
+            raise ValueError(f"x's last dim {x.shape[-1]} differs from the packed weights' K = {K}")
     if num_panels(n) != P:
         raise ValueError(f"packed weights have {P} panels, n = {n} needs ceil(n / {NR}) = {num_panels(n)}")
 
@@ -75,7 +110,7 @@ def _call(x, w_packed, n: int, num_threads: int | None, valid_rows, argmax: bool
     _check(x, w_packed, n)
     if argmax and n == 0:
         raise ValueError("packed_matmul_argmax needs n >= 1 columns")
-    target = library.gemm_target(argmax=argmax)
+    target = library.gemm_target(argmax=argmax, bf16=is_bf16(w_packed))
     if target is None:
         raise RuntimeError(f"the CPU packed matmul kernel is unavailable: {unavailable_reason()}")
     lead, K = x.shape[:-1], x.shape[-1]
@@ -88,7 +123,8 @@ def _call(x, w_packed, n: int, num_threads: int | None, valid_rows, argmax: bool
 
 
 def packed_matmul(x, w_packed, n: int, num_threads: int | None = None, valid_rows=None):
-    """x [..., K] float32 @ the [K, n] matrix packed as w_packed [ceil(n / NR), K, NR] -> [..., n] float32.
+    """x [..., K] float32 @ the [K, n] matrix packed as w_packed [ceil(n / NR), K, NR] -> [..., n] float32 (or x
+    bfloat16 and the bf16 panels [ceil(n / NR), ceil(K / 2), NR, 2]: float32 sums of the bf16 products).
     `num_threads` (default: this process's CPUs) caps the threads the kernel uses (1: the calling thread only);
     the result does not depend on it. `valid_rows` (an int32 scalar or [1] array, may be traced): the rows of x
     (flattened over its leading dims) from valid_rows on are padding: their outputs are zeros and cost nothing;
@@ -105,10 +141,11 @@ def packed_matmul_argmax(x, w_packed, n: int, num_threads: int | None = None, va
 
 
 def reference_packed_matmul(x, w_packed, n: int, valid_rows=None):
-    """`packed_matmul` in plain jnp (unpack, then a float32 dot at full precision): the tests' oracle."""
+    """`packed_matmul` in plain jnp (unpack, then a dot at full precision into float32): the tests' oracle."""
     x, w_packed = jnp.asarray(x), jnp.asarray(w_packed)
     _check(x, w_packed, n)
-    y = jnp.dot(x, unpack_weight(w_packed, n), precision=jax.lax.Precision.HIGHEST)
+    w = unpack_weight(w_packed, n, x.shape[-1])
+    y = jnp.dot(x, w, precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
     if valid_rows is None:
         return y
     flat = y.reshape(-1, n)

@@ -68,7 +68,7 @@ BUILD_ENV_VAR = "CBJAX_CPU_BUILD"
 BUILD_OPTIONS = {"no-avx512": ("-mno-avx512f",), "checked": ("-DCBJAX_CHECKED=1",), "any-arch": ()}
 _X86 = ("x86_64", "amd64", "i686", "i386")
 # The bits build_info.cc's CbjaxCpuKernelsBuildInfo() returns.
-_FEATURE_BITS = {"avx512f": 1, "avx2": 2, "checked": 4}
+_FEATURE_BITS = {"avx512f": 1, "avx2": 2, "checked": 4, "avx512bf16": 8}
 _SYMBOL = "CbjaxCpuRaggedAttention"  # the attention's handler (attention_ffi.cc)
 _LIBRARY_PREFIX = "cpu_kernels-"  # + the build options, the build key's hash + ".so", in the cache directory
 # Libraries built at install time (setup.py), named as in the cache; read-only at run time.
@@ -77,6 +77,8 @@ PREBUILT_DIR = _HERE / "prebuilt"
 _GEMM_SYMBOLS = {
     "gemm_target": ("CbjaxCpuPackedGemm", "cbjax_cpu_gemm"),
     "gemm_argmax_target": ("CbjaxCpuPackedGemmArgmax", "cbjax_cpu_gemm_argmax"),
+    "gemm_bf16_target": ("CbjaxCpuPackedGemmBf16", "cbjax_cpu_gemm_bf16"),
+    "gemm_argmax_bf16_target": ("CbjaxCpuPackedGemmArgmaxBf16", "cbjax_cpu_gemm_argmax_bf16"),
 }
 _lock = threading.Lock()
 _state: dict = {}  # "lib", "target" and _GEMM_SYMBOLS' keys once registered; "error" once failed
@@ -331,7 +333,8 @@ def unavailable_reason() -> str | None:
 
 
 def features() -> dict[str, bool] | None:
-    """What the loaded library was compiled with: "avx512f" (the AVX-512 fast paths), "avx2", "checked"; None
+    """What the loaded library was compiled with: "avx512f" (the AVX-512 fast paths), "avx2", "checked",
+    "avx512bf16" (the bf16 matmul's vdpbf16ps path; without it the bf16 handlers run a portable loop); None
     if no library is loaded (call a `*_target()` first)."""
     return _state.get("features")
 
@@ -342,12 +345,13 @@ def attention_target() -> str | None:
     return _ensure(build=True)
 
 
-def gemm_target(argmax: bool = False) -> str | None:
+def gemm_target(argmax: bool = False, bf16: bool = False) -> str | None:
     """The registered FFI target of the packed-weight matmul (gemm.py), or with `argmax` of its row-wise argmax,
-    building the library first if needed; None if it is unavailable (see `unavailable_reason`)."""
+    with `bf16` of the bfloat16 variants, building the library first if needed; None if it is unavailable (see
+    `unavailable_reason`)."""
     if _ensure(build=True) is None:
         return None
-    return _state.get("gemm_argmax_target" if argmax else "gemm_target")
+    return _state.get(f"gemm{'_argmax' if argmax else ''}{'_bf16' if bf16 else ''}_target")
 
 
 @contextlib.contextmanager

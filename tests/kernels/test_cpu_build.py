@@ -175,7 +175,9 @@ def test_auto_takes_what_the_table_says_for_the_build_here():
     kind = auto.build_kind()
     assert kind == ("avx512" if library.features()["avx512f"] else "portable")
     for kernel in auto.KERNELS:
-        assert (auto.auto_reason(kernel) is None) == (kernel in auto.AUTO_TAKES[kind])
+        needs = auto.REQUIRES.get(kernel)
+        takes = kernel in auto.AUTO_TAKES[kind] and (needs is None or library.features()[needs])
+        assert (auto.auto_reason(kernel) is None) == takes, kernel
     with pytest.raises(ValueError, match="kernel"):
         auto.auto_reason("attention")
 

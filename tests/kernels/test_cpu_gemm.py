@@ -34,9 +34,9 @@ def test_pack_weight_layout_and_round_trip():
     np.testing.assert_array_equal(wp[1, 2], w[2, 32:64])  # panel p, row k: columns p*NR .. p*NR + NR - 1
     assert not wp[2, :, 6:].any()  # zero padding past N
     np.testing.assert_array_equal(np.asarray(cpu_gemm.unpack_weight(jnp.asarray(wp), 70)), w)
-    with pytest.raises(ValueError, match="float32 \\[K, N\\]"):
+    with pytest.raises(ValueError, match="float32 or bfloat16 \\[K, N\\]"):
         cpu_gemm.pack_weight(w.astype(np.float64))
-    with pytest.raises(ValueError, match="float32 \\[K, N\\]"):
+    with pytest.raises(ValueError, match="float32 or bfloat16 \\[K, N\\]"):
         cpu_gemm.pack_weight(w[None])
 
 

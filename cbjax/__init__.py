@@ -13,6 +13,8 @@ _EXPORTS = {
     "RequestOutput": "cbjax.core.outputs",
     "CompletionOutput": "cbjax.core.outputs",
     "RequestMetrics": "cbjax.core.outputs",
+    "StructuredOutputs": "cbjax.core.structured_outputs",
+    "BeamSearchParams": "cbjax.beam_search",
 }
 
 __all__ = sorted(_EXPORTS)

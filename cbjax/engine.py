@@ -12,16 +12,21 @@ from contextlib import AbstractContextManager
 
 import jax
 
+from cbjax.bad_words import bad_word_token_ids
 from cbjax.config import validation as check
 from cbjax.core.clock import Clock
 from cbjax.core.outputs import CompletionOutput, RequestOutput
-from cbjax.core.request import Request, RequestStatus
+from cbjax.core.request import FinishReason, Request, RequestStatus
 from cbjax.core.runner_contract import StepHandle
 from cbjax.core.sampling_params import SamplingParams
+from cbjax.core.sequence_group import group_output, group_problem, make_group, samples_of
 from cbjax.engine_build import build_engine
 from cbjax.engine_config import EngineConfig
 from cbjax.model.config import ModelConfig
 from cbjax.model.llama import Llama
+from cbjax.runner.extras_runner import check_request as check_sampling_extras
+from cbjax.stop_strings import StopStrings
+from cbjax.structured import request_constraint
 
 # Read per token: an enum member read off its class costs ~0.1 us on Python 3.11, a global ~0.01 us.
 _FINISHED = RequestStatus.FINISHED
@@ -61,7 +66,12 @@ class LLMEngine:
         self.buckets, self.scheduler, self.runner = parts.buckets, parts.scheduler, parts.runner
         self.compilation_cache_dir, self.warmup_s = parts.compilation_cache_dir, parts.warmup_s
         self.requests: dict[str, Request] = {}
+        self.stop_strings = StopStrings(self.tokenizer, self.scheduler)  # the requests with stop strings
+        self._decode = None if self.tokenizer is None else self.tokenizer.decode  # (bound once: read per output)
         self._pending: list[Request] = []  # finished outside a step (aborts) and not yet reported
+        # Unfinished requests sampled with extras (cbjax/runner/extras_runner.py) -> how many of their outputs their
+        # structured-output constraint has accepted.
+        self._with_extras: dict[Request, int] = {}
         self._arrivals = 0
         self.step_records: list[dict] = []
         self._in_flight: collections.deque = collections.deque()  # (StepHandle, its scheduler counters), oldest first
@@ -101,23 +111,15 @@ class LLMEngine:
             raise ValueError(f"{where}params must be SamplingParams, got {type(params).__name__}")
         if request_id in self.requests:
             raise ValueError(f"{where}duplicate request id (a request with this id is unfinished)")
-        # Parameters SamplingParams accepts whose engine side is not built yet (issue 40): refused, never ignored.
-        unbuilt = [
-            name
-            for name, asked in (
-                (
-                    "sampling extras (logprobs, penalties, min_tokens, bad words, logit bias, logits processors, "
-                    "structured output)",
-                    params.needs_sampling_extras,
-                ),
-                ("n > 1 or best_of", params.num_samples > 1),
-                ("prompt_logprobs", params.prompt_logprobs is not None),
-                ("stop strings", bool(params.stop)),
+        if params.num_samples > 1:  # n > 1 or best_of: a sequence group (core/sequence_group.py)
+            problem = group_problem(
+                params,
+                self.config.scheduler.max_num_seqs,
+                self.scheduler.speculator is not None,
+                params.structured is not None,
             )
-            if asked
-        ]
-        if unbuilt:
-            raise ValueError(f"{where}not supported by this engine yet: {', '.join(unbuilt)}")
+            if problem:
+                raise ValueError(where + problem)
         mcfg, sched, cache = self.model_config, self.config.scheduler, self.config.cache
         try:
             tokens = self._prompt_token_ids(prompt)
@@ -126,6 +128,16 @@ class LLMEngine:
             tenant = check.text("tenant", tenant, empty=True)
             deadline = check.optional_real("deadline", deadline)
             arrival_time = check.optional_real("arrival_time", arrival_time)
+            if params.stop and self.tokenizer is None:
+                raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
+            bad_word_ids = bad_word_token_ids(params.bad_words, self.tokenizer, mcfg.vocab_size)
+            check_sampling_extras(
+                params,
+                compilation=self.config.compilation,
+                vocab_size=mcfg.vocab_size,
+                speculative=self.config.speculative is not None,
+                simulated=self.config.sim.enabled,
+            )
         except ValueError as e:
             raise ValueError(where + str(e)) from None
         total = len(tokens) + params.max_tokens
@@ -145,13 +157,32 @@ class LLMEngine:
             raise ValueError(
                 f"{where}needs {-(-total // cache.page_size)} KV pages but the pool has only {cache.num_pages}"
             )
+        constraint = None  # compiled after every other check, so a refused request costs no grammar compile
+        if params.structured is not None:
+            eos_ids = [t for t in (mcfg.eos_token_id, *mcfg.extra_eos_token_ids) if t is not None]
+            try:
+                constraint = request_constraint(params.structured, self.tokenizer, mcfg.vocab_size, eos_ids)
+            except ValueError as e:
+                raise ValueError(where + str(e)) from None
+        unasked_logprobs = params.num_samples > params.n and params.logprobs is None
+        if unasked_logprobs:  # best_of ranks its samples by cumulative logprob: computed, not returned (vLLM)
+            params = dataclasses.replace(params, logprobs=0)
         seed = params.seed if params.seed is not None else (self.config.load.seed * 1_000_003 + self._arrivals) % 2**32
         now = self.clock.now() if arrival_time is None else arrival_time
         req = Request(
             request_id, tokens, params, now, seed, self._arrivals, priority=priority, tenant=tenant, deadline=deadline
         )
+        req.bad_word_ids = bad_word_ids
+        req.constraint = constraint
         self._arrivals += 1
         self.requests[request_id] = req
+        if params.num_samples > 1:  # the samples share the prompt's pages: only the head is queued
+            make_group(req, params.num_samples).report_logprobs = not unasked_logprobs
+        for sample in samples_of(req):
+            if sample.samples_with_extras:
+                self._with_extras[sample] = 0
+            if params.stop:
+                self.stop_strings.track(sample)
         self.scheduler.add(req)
 
     def _prompt_token_ids(self, prompt) -> list[int]:
@@ -169,9 +200,11 @@ class LLMEngine:
         """Finish a queued or running request now (finish_reason "abort"; its pages go back to the pool); its final
         output comes with the next step(). ValueError for an id that is not an unfinished request."""
         req = self.requests.get(request_id) if isinstance(request_id, str) else None
-        if req is None or req.is_finished:
+        if req is None or all(r.is_finished for r in samples_of(req)):
             raise ValueError(f"abort of unknown request id {request_id!r}")
-        self.scheduler.abort(req)
+        for sample in samples_of(req):
+            if not sample.is_finished:
+                self.scheduler.abort(sample)
         self._pending.append(req)
 
     @property
@@ -203,6 +236,10 @@ class LLMEngine:
         spec = sched.speculator
         if spec is not None and self._in_flight and spec.wants_drafts(spec.batch_size(sched)):
             changed += self._receive(0, t0)  # drafts are proposed from every token: let the last ones arrive
+        elif self._in_flight and self._with_extras and any(r.needs_host_history for r in self._with_extras):
+            # A constraint's bitmask, a logits processor or a bad word of several tokens reads the outputs so far
+            # on the host: receive them before packing the next step (async scheduling resumes once none runs).
+            changed += self._receive(0, t0)
         before = self._counters()
         if self.timed is None:
             out = sched.schedule()
@@ -238,10 +275,15 @@ class LLMEngine:
             tally = spec.tally() if spec is not None else None
             eos, now = self.model_config.eos_token_id, self.clock.now()
             if self.timed is None:
-                changed += sched.update(handle.out, sampled, eos, now)
+                got = sched.update(handle.out, sampled, eos, now)
             else:
                 with self.timed("update"):
-                    changed += sched.update(handle.out, sampled, eos, now)
+                    got = sched.update(handle.out, sampled, eos, now)
+            if self._with_extras:
+                self._after_extras(got)
+            if self.stop_strings:  # before the next step is scheduled: a request that met a stop string ends here
+                self.stop_strings.check(got)
+            changed += got
             # Host time: everything in this call but the waits for the device and the swap copies.
             host_s = time.perf_counter() - t0 - handle.wait_s - handle.swap_s
             if spec is not None:
@@ -249,6 +291,20 @@ class LLMEngine:
                 counts |= spec.step_record(tally, out.num_draft_tokens, out.num_batched_tokens, host_s + handle.wait_s)
             self._record_step(handle, host_s, counts)
         return changed
+
+    def _after_extras(self, got: list[Request]) -> None:
+        """Feed each constrained request's newly received outputs to its constraint (TokenConstraint.accept); abort
+        a request whose sampling extras failed (a logits processor that raised: Request.error)."""
+        for req in dict.fromkeys(got):
+            n = self._with_extras.get(req)
+            if n is not None and req.error is not None and not req.is_finished:
+                self.abort_request(req.request_id)
+                continue
+            if n is not None and req.constraint is not None:
+                known = req.known_output_token_ids
+                if len(known) > n:
+                    req.constraint.accept(known[n:])
+                    self._with_extras[req] = len(known)
 
     def _counters(self) -> dict[str, int]:
         sched = self.scheduler
@@ -266,17 +322,66 @@ class LLMEngine:
         if len(counts) != len(changed):
             counts = collections.Counter(changed)
         output = self._output
+        if any(r.group is not None for r in counts):  # a group's samples make one output (in first-seen order)
+            members = {r.group or r: r for r in counts}.values()  # one per group (or lone request), first-seen order
+            return [output(r, counts[r]) if r.group is None else self._group_output(r.group, counts) for r in members]
         return [output(r, n) for r, n in counts.items()]
 
-    def _output(self, req: Request, num_new: int) -> RequestOutput:
+    def _group_output(self, group, counts: dict) -> RequestOutput:
+        """A sequence group's one output: a completion per sample (core/sequence_group.py)."""
+        out = group_output(group, [self._output(s, counts.get(s, 0), sample=True) for s in group.samples])
+        if out.finished:
+            self.requests.pop(group.head.request_id, None)
+        return out
+
+    def _output(self, req: Request, num_new: int, sample: bool = False) -> RequestOutput:
+        """The output of a request (of its group: `_group_output`), or of one `sample` of a group."""
+        if req.group is not None and not sample:
+            return self._group_output(req.group, {req: num_new})
         finished = req.status is _FINISHED
-        if finished:
+        if finished and req.group is None:
             self.requests.pop(req.request_id, None)
+            self._with_extras.pop(req, None)
         reason = req.finish_reason
         tokens = req.output_token_ids
         n = len(tokens) - req.num_pending_tokens  # what the host has received (known_output_token_ids)
+        text = None
+        if req in self.stop_strings.streams:
+            text, stop_string, num_new = self.stop_strings.output(req, finished)
         completion = CompletionOutput.received(0, tokens, n, num_new, None if reason is None else reason.value)
-        return RequestOutput(req.request_id, req.prompt_token_ids, [completion], finished, req.metrics, req.error)
+        if req.logprobs is not None:
+            completion.logprobs, completion.cumulative_logprob = req.logprobs[:n], req.cumulative_logprob
+        if text is not None:
+            completion.text = text
+            completion.stop_reason = stop_string if stop_string is not None else self._stop_token(req)
+        elif self._decode is not None:  # the text, decoded only if read
+            if reason is None:
+                completion.decode_text_with(self._decode)
+            else:
+                completion.decode_text_with(self._decoder(req))
+                completion.stop_reason = self._stop_token(req)
+        out = RequestOutput(req.request_id, req.prompt_token_ids, [completion], finished, req.metrics, req.error)
+        out.prompt_logprobs = req.prompt_logprobs
+        return out
+
+    def _decoder(self, req: Request) -> Callable[[list[int]], str]:
+        """How an output's text is decoded when read: the text of a stop token (or EOS) that ended it is left out,
+        unless include_stop_str_in_output (vLLM)."""
+        decode = self.tokenizer.decode
+        if req.finish_reason is FinishReason.STOP and not req.params.include_stop_str_in_output:
+            return lambda ids: decode(ids[:-1])
+        return decode
+
+    def _stop_token(self, req: Request) -> int | None:
+        """vLLM's stop_reason of an output ended by a token: the stop token id, None for EOS (or the checkpoint's
+        other eos ids, which add_request made stop ids)."""
+        p, tokens = req.params, req.output_token_ids
+        if req.finish_reason is not FinishReason.STOP or not tokens:
+            return None
+        t, mcfg = tokens[-1], self.model_config
+        if not p.ignore_eos and (t == mcfg.eos_token_id or t in mcfg.extra_eos_token_ids):
+            return None
+        return t if t in p.stop_token_ids else None
 
     def _record_step(self, handle: StepHandle, host_s: float, counts: dict[str, int]) -> None:
         sched, runner, out = self.scheduler, self.runner, handle.out

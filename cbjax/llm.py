@@ -3,6 +3,7 @@
 import contextlib
 from collections.abc import Sequence
 
+from cbjax.beam_search import BeamSearchOutput, BeamSearchParams, beam_search
 from cbjax.config import validation as check
 from cbjax.core.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from cbjax.core.sampling_params import SamplingParams
@@ -66,7 +67,8 @@ class LLM:
                 try:
                     engine.add_request(rid, prompt, sp)
                 except ValueError as e:
-                    results[rid] = _refused(rid, prompt, engine.clock.now(), str(e))
+                    text = None if engine.tokenizer is None else ""
+                    results[rid] = _refused(rid, prompt, engine.clock.now(), str(e), text)
             self._run(results, len(order), use_tqdm)
         except BaseException:
             # Ctrl-C or a failure inside a step: this call's unfinished requests must not stay queued, to be run
@@ -76,15 +78,17 @@ class LLM:
                     with contextlib.suppress(ValueError):
                         engine.abort_request(rid)
             raise
-        tok = engine.tokenizer
+        # (The engine gives each output its text: decoded when first read, or cut at a stop string.)
         for prompt, rid in zip(prompts, order):
-            out = results[rid]
             if isinstance(prompt, str):
-                out.prompt = prompt
-            if tok is not None:
-                for c in out.outputs:
-                    c.text = tok.decode(c.token_ids)
+                results[rid].prompt = prompt
         return [results[rid] for rid in order]
+
+    def beam_search(self, prompts: Sequence, params: "BeamSearchParams") -> "list[BeamSearchOutput]":
+        """Beam search for each prompt, as vLLM's LLM.beam_search (cbjax/beam_search.py): one output per prompt,
+        its best `params.beam_width` beams first. Construct the LLM with enable_prefix_caching=True so the beams
+        share their prefix's KV pages."""
+        return beam_search(self, prompts, params)
 
     def _run(self, results: dict[str, RequestOutput], total: int, use_tqdm: bool) -> None:
         """Step until the engine is idle, keeping every finished output."""
@@ -131,7 +135,7 @@ def _prompts_and_params(prompts, sampling_params) -> tuple[list, list]:
     return prompts, list(sampling_params)
 
 
-def _refused(rid: str, prompt, now: float, error: str) -> RequestOutput:
+def _refused(rid: str, prompt, now: float, error: str, text: str | None) -> RequestOutput:
     """The output of a prompt the engine refused: finished, finish_reason "abort", the reason in `.error`."""
     try:
         ids = check.token_ids("prompt", prompt)
@@ -140,7 +144,7 @@ def _refused(rid: str, prompt, now: float, error: str) -> RequestOutput:
     return RequestOutput(
         rid,
         ids,
-        [CompletionOutput(0, [], [], "abort")],
+        [CompletionOutput(0, [], [], "abort", text)],
         True,
         RequestMetrics(arrival_time=now, finished_time=now),
         error=error,

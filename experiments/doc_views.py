@@ -371,3 +371,23 @@ def _predictor_label(options: Mapping[str, Any]) -> str:
     if kind is None:
         return "no predictor"
     return f"noisy sigma={options.get('sigma'):g}" if kind == "noisy" else kind
+
+
+@view("kv_sharing")
+def kv_sharing_view(data) -> str:
+    """KV pages in use with a request's samples sharing the prompt's pages against without (experiments/
+    kv_sharing.py): per (workload, n), the peak and the mean over steps of each, the saving (1 - with / without)
+    and the pages copied on write."""
+    groups = _groups(records(data), ["workload", "n"])
+    header = ["workload", "n or beam width", "peak pages without", "peak with", "peak saving"]
+    header += ["mean pages without", "mean with", "mean saving", "pages copied"]
+    body = []
+    for (workload, n), group in groups.items():
+        side = {r["sharing"]: r for r in group}
+        without, shared = side[False], side[True]
+        row = [cell(workload), cell(n)]
+        for key in ("peak_pages", "mean_pages"):
+            row += [cell(without[key], "{:.0f}"), cell(shared[key], "{:.0f}")]
+            row.append(cell(1 - shared[key] / without[key], "{:.1%}"))
+        body.append([*row, cell(shared["page_copies"])])
+    return markdown_table(header, body)

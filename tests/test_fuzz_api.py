@@ -242,3 +242,222 @@ def test_generate_serves_every_good_prompt_and_reports_the_bad_ones(engine, good
         assert outs[-1].outputs[0].token_ids == good_tokens
     assert not engine.requests and not engine.has_unfinished_requests()
     assert engine.scheduler.pool.num_free == engine.scheduler.pool.num_pages
+
+
+# ---- structured output: random specs compiled for tinypy's tokenizer (cbjax/structured/) ----
+LEAF_SCHEMAS = [
+    {"type": "string"}, {"type": "integer", "minimum": 3}, {"type": "number"}, {"type": "boolean"}, {"type": "null"},
+    {}, {"type": "bogus"}, {"enum": [1, "a", None]}, {"const": "x"}, {"type": "string", "maxLength": 2},
+    {"type": "string", "pattern": "^a+$"}, {"type": "string", "format": "email"},
+]  # fmt: skip
+
+
+def schema_text(schema) -> str:
+    import json
+
+    return json.dumps(schema)
+
+
+schemas = st.recursive(
+    st.sampled_from(LEAF_SCHEMAS),
+    lambda inner: st.one_of(
+        st.dictionaries(st.text(max_size=3), inner, max_size=3).map(lambda p: {"type": "object", "properties": p}),
+        inner.map(lambda i: {"type": "array", "items": i, "maxItems": 3}),
+        st.lists(inner, min_size=1, max_size=3).map(lambda xs: {"anyOf": xs}),
+    ),
+    max_leaves=6,
+)
+REGEX_PIECES = ["a", "b+", "[0-9]", "(a|bc)", ".", r"\d{1,2}", "x?", "[^a]", " ", "\n"]
+BROKEN_REGEX_PIECES = ["(", "]", "{2}", "*", "\\", "a{3,1}"]
+regex_texts = st.one_of(
+    st.lists(st.sampled_from(REGEX_PIECES), max_size=5).map("".join),
+    st.lists(st.sampled_from(REGEX_PIECES + BROKEN_REGEX_PIECES), max_size=4).map("".join),
+    st.text(max_size=8),
+)
+LARK_ITEMS = ['"a"', '"bc"', "/[0-9]+/", "x", "|", "(", ")", "*", "?", '"\\n"', "%ignore", ""]
+lark_texts = st.one_of(
+    st.lists(st.sampled_from(LARK_ITEMS), max_size=5).map(lambda body: "start: " + " ".join(body) + '\nx: "y"'),
+    st.text(max_size=16),
+)
+structured_specs = st.one_of(
+    st.tuples(st.just("json"), st.one_of(schemas, schemas.map(schema_text), junk)),
+    st.tuples(st.just("regex"), maybe(regex_texts)),
+    st.tuples(st.just("choice"), maybe(st.lists(st.text(max_size=5), max_size=3))),
+    st.tuples(st.just("grammar"), maybe(lark_texts)),
+    st.tuples(st.just("json_object"), maybe(st.just(True))),
+)
+
+
+@pytest.fixture(scope="module")
+def structured_compiler():
+    from cbjax.model.registry import packaged_model_path
+    from cbjax.model.tokenizer import Tokenizer
+    from cbjax.structured.compiler import GrammarCompiler
+
+    tok = Tokenizer.from_dir(packaged_model_path("tinypy"))
+    return GrammarCompiler(tok, tok.vocab_size + 40, [0])  # 40 ids past the tokenizer's: never allowed
+
+
+@FUZZ
+@given(structured_specs, st.lists(st.integers(0, 2**31), max_size=10), st.integers(0, 12))
+def test_structured_spec_compiles_or_raises_value_error_and_masks_hold(structured_compiler, spec, picks, back):
+    """A random spec is a ValueError or a constraint whose masks never allow an id past the tokenizer's, that
+    takes every token its mask allows, refuses (unchanged) a token it does not, and rolls back to earlier masks."""
+    from cbjax.core.structured_outputs import StructuredOutputs
+    from tests.structured.reference import allowed_tokens
+
+    kind, value = spec
+    try:
+        c = structured_compiler.constraint(StructuredOutputs(**{kind: value}))
+    except ValueError:
+        return
+    V = structured_compiler.vocab_size
+    masks = []
+    for pick in picks:
+        mask = allowed_tokens(c, V)
+        assert not mask[V - 40 :].any()
+        masks.append(mask)
+        if not mask.any():
+            break
+        refused = np.flatnonzero(~mask)
+        if len(refused):
+            with pytest.raises(ValueError, match="structured output"):
+                c.accept([int(refused[pick % len(refused)])])
+            assert (allowed_tokens(c, V) == mask).all()
+        ok = np.flatnonzero(mask)
+        c.accept([int(ok[pick % len(ok)])])
+    back = min(back, c.num_accepted)
+    c.rollback(back)
+    if back and c.num_accepted < len(masks):
+        assert (allowed_tokens(c, V) == masks[c.num_accepted]).all()
+
+
+# ---- the server's request bodies: every option parsed, mapped to SamplingParams, or refused (a 400) ----
+def _server_bodies():
+    from cbjax.serve.protocol import CHAT_FIELDS, COMPLETION_FIELDS
+
+    plausible = st.one_of(
+        st.integers(-3, 6),
+        st.floats(-3, 3),
+        st.booleans(),
+        st.none(),
+        st.lists(st.text(max_size=3), max_size=3),
+        st.dictionaries(st.sampled_from(["5", "x", "-1", "99999"]), st.one_of(st.floats(-200, 200), junk), max_size=2),
+        st.sampled_from(
+            [
+                {"type": "json_object"},
+                {"type": "text"},
+                {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}},
+                {"type": "json_schema"},
+                {"type": "xml"},
+            ]
+        ),
+    )
+    return st.dictionaries(
+        st.sampled_from(sorted((COMPLETION_FIELDS | CHAT_FIELDS) - {"prompt", "messages", "stream_options"})),
+        st.one_of(plausible, junk),
+        max_size=5,
+    )
+
+
+@FUZZ
+@given(_server_bodies(), st.booleans())
+def test_server_bodies_parse_to_sampling_params_or_get_a_400(body, chat):
+    from cbjax.serve.protocol import ProtocolError, parse_chat, parse_completion
+
+    try:
+        if chat:
+            req, _ = parse_chat({**body, "messages": [{"role": "user", "content": "x"}]})
+        else:
+            req = parse_completion({**body, "prompt": [1, 2]})
+    except ProtocolError as e:
+        assert e.status in (400, 404) and e.message
+        return
+    try:
+        sp = req.sampling_params(req.max_tokens or 16)  # what the server hands the engine
+    except ValueError:
+        return
+    check_sampling_params(sp)
+
+
+extras_kwargs = st.fixed_dictionaries(
+    {"max_tokens": st.integers(1, 6), "temperature": st.sampled_from([0.0, 0.8])},
+    optional={
+        "logprobs": maybe(st.integers(-1, 30)),
+        "prompt_logprobs": maybe(st.integers(-1, 30)),
+        "presence_penalty": maybe(st.floats(-3, 3)),
+        "frequency_penalty": maybe(st.floats(-3, 3)),
+        "repetition_penalty": maybe(st.floats(-1, 3)),
+        "min_tokens": maybe(st.integers(-1, 8)),
+        "logit_bias": maybe(st.dictionaries(st.integers(-2, VOCAB + 2), st.floats(-200, 200), max_size=3)),
+        "logits_processors": maybe(
+            st.lists(st.sampled_from([lambda out: {1: -math.inf}, lambda out: {VOCAB: 1.0}, lambda out: 1 / 0]))
+        ),
+    },
+)
+
+
+@FUZZ
+@given(st.lists(extras_kwargs, max_size=4))
+def test_sampling_extras_are_served_or_refused_with_value_error(engine, good_tokens, kwargs_list):
+    """Requests with the sampling extras (cbjax/runner/extras_runner.py) next to a plain one: bad values are refused
+    with a ValueError at add_request (a failing logits processor aborts its request), the plain one stays exact."""
+    accepted = {}
+    for i, kw in enumerate(kwargs_list):
+        try:
+            engine.add_request(f"x{i}", [5, 6, 7, 8], SamplingParams(**kw))
+            accepted[f"x{i}"] = kw
+        except ValueError:
+            pass
+    engine.add_request("good-check", GOOD_PROMPT, GREEDY_GOOD)
+    done = drain(engine)
+    assert done["good-check"].outputs[0].token_ids == good_tokens
+    for rid, kw in accepted.items():
+        out = done[rid].outputs[0]
+        assert out.finish_reason in ("length", "stop", "abort") and len(out.token_ids) <= kw["max_tokens"]
+        if kw.get("logprobs") is not None and out.finish_reason != "abort":
+            assert len(out.logprobs) == len(out.token_ids)
+    assert not engine.requests and not engine.has_unfinished_requests()
+
+
+group_kwargs = st.fixed_dictionaries(
+    {"max_tokens": st.integers(1, 8)},
+    optional={
+        "n": maybe(st.integers(-1, 6)),
+        "best_of": maybe(st.one_of(st.none(), st.integers(-1, 7))),
+        "temperature": maybe(st.sampled_from([0.0, 0.7, 1.0])),
+        "seed": maybe(st.integers(0, 5)),
+        "ignore_eos": st.booleans(),
+    },
+)
+
+
+@FUZZ
+@given(st.lists(st.tuples(group_kwargs, st.integers(1, 30), st.booleans()), max_size=4))
+def test_groups_are_served_or_refused_with_value_error(engine, good_tokens, specs):
+    """Requests with n / best_of (core/sequence_group.py), some aborted after a step, next to a plain one: bad
+    values (n or best_of beyond the slots, best_of < n, best_of > n when greedy) are refused with a ValueError at
+    add_request; an accepted group reports n completions, indexed 0..n-1; the plain one stays exact; no page leaks."""
+    accepted = {}
+    for i, (kw, prompt_len, abort) in enumerate(specs):
+        try:
+            engine.add_request(f"g{i}", list(range(3, 3 + prompt_len)), SamplingParams(**kw))
+            accepted[f"g{i}"] = (kw, abort)
+        except ValueError:
+            pass
+    engine.add_request("good-check", GOOD_PROMPT, GREEDY_GOOD)
+    engine.step()
+    for rid, (_, abort) in accepted.items():
+        if abort and rid in engine.requests:
+            engine.abort_request(rid)
+    done = drain(engine)
+    assert done["good-check"].outputs[0].token_ids == good_tokens
+    for rid, (kw, _) in accepted.items():
+        outs = done[rid].outputs
+        assert [c.index for c in outs] == list(range(kw.get("n", 1)))
+        assert all(
+            c.finish_reason in ("length", "stop", "abort") and len(c.token_ids) <= kw["max_tokens"] for c in outs
+        )
+    assert not engine.requests and not engine.has_unfinished_requests()
+    pool = engine.scheduler.pool
+    assert pool.num_free == pool.num_pages

@@ -152,6 +152,8 @@ ALLOWED = {
     "cbjax.runner": ("cbjax.runner", "cbjax.core", "cbjax.config", "cbjax.model", "kernels_pallas"),
     "cbjax.sim": ("cbjax.sim", "cbjax.core", "cbjax.config"),
     "kernels_pallas": ("kernels_pallas",),
+    # Structured output: a grammar engine (llguidance) behind core's TokenConstraint protocol; never jax.
+    "cbjax.structured": ("cbjax.structured", "cbjax.core", "cbjax.config"),
     # The server sits on the engine; from the model room it uses what the engine hands out (its tokenizer, the
     # incremental detokenizer) and the registry that names checkpoints. Never the runner.
     "cbjax.serve": ("cbjax.serve", "cbjax.engine", "cbjax.core", "cbjax.config", "cbjax.model"),

@@ -1,5 +1,5 @@
-"""CompilationConfig: which attention kernels the step programs use, when they are built, and where compiled
-programs are kept between processes."""
+"""CompilationConfig: which attention kernels the step programs use, when they are built (the sampling extras'
+too), and where compiled programs are kept between processes."""
 
 import dataclasses
 
@@ -21,6 +21,13 @@ class CompilationConfig(Section):
     # Persistent compilation cache (cbjax/runner/compilation/jax_cache.py): "auto" (a folder in the user's cache
     # directory), "off", or a directory. The CBJAX_COMPILATION_CACHE environment variable overrides it.
     compilation_cache: str = "auto"
+    # Build the sampling extras' programs at warmup (cbjax/runner/extras_runner.py: logprobs, prompt_logprobs,
+    # penalties, min_tokens, bad words, logit bias, logits processors, structured output). False: each is built
+    # when a request first needs it, which counts as a compile after warmup.
+    sampling_extras: bool = False
+    # The most logprobs / prompt_logprobs a request may ask for (vLLM's max_logprobs): a static shape of those
+    # programs; a request asking for more is refused.
+    max_logprobs: int = 20
 
     def checked(self) -> dict:
         return dict(
@@ -28,6 +35,8 @@ class CompilationConfig(Section):
             pallas_interpret=check.boolean("pallas_interpret", self.pallas_interpret),
             warmup=check.choice("warmup", self.warmup, (True, False, *WARMUP_MODES)),
             compilation_cache=check.text("compilation_cache ('auto', 'off' or a directory)", self.compilation_cache),
+            sampling_extras=check.boolean("sampling_extras", self.sampling_extras),
+            max_logprobs=check.integer("max_logprobs", self.max_logprobs, 0, 1024),
         )
 
     @property

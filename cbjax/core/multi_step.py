@@ -8,10 +8,11 @@ same for GPUs).
 
 When: only where N single steps would have scheduled exactly this batch N times, so no scheduling decision
 changes: nothing waits (no admission, no priority preemption), every running request is in the step or has its
-final token pending, each scheduled sequence is a decode (one token, sampling), there is no swap, preemption,
-speculation or sliding-window eviction this step, and the pool has the pages for every sequence's extra tokens
-now. A sequence gets as many steps as its max_tokens and max_model_len allow, up to N (so none outlives its length
-limit); the block is as long as its longest sequence's steps (at least 2), and a sequence with fewer leaves its
+final token pending, each scheduled sequence is a decode (one token, sampling) without sampling extras (their
+bans, biases and masks are packed on the host before each token, cbjax/runner/extras_runner.py), there is no swap,
+preemption, speculation or sliding-window eviction this step, and the pool has the pages for every sequence's extra
+tokens now. A sequence gets as many steps as its max_tokens and max_model_len allow, up to N (so none outlives its
+length limit); the block is as long as its longest sequence's steps (at least 2), and a sequence with fewer leaves its
 slot idle for the rest of the block (nothing waits that could take it).
 What differs from single steps: a sequence that stops on EOS or a stop token inside a block computes (and drops)
 the rest of the block's tokens, as asynchronous scheduling already does for one step (those rows, and those of
@@ -52,7 +53,7 @@ def plan_decode_steps(sched, out: SchedulerOutput) -> None:
     steps, needs = [], []
     for s in seqs:
         req = s.request
-        if not s.samples_token:
+        if not s.samples_token or req.samples_with_extras:  # (extras are applied between steps, on the host)
             return
         scheduled.add(id(req))
         # Its first step's pending token is appended: each further step adds one input and one output.

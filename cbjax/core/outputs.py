@@ -15,6 +15,16 @@ class RequestMetrics:
     num_preemptions: int = 0
 
 
+@dataclass(frozen=True)
+class Logprob:
+    """vLLM's: a token's log-probability under the model's raw logits, its rank in the vocabulary (1: the most
+    likely) and its text (None: not decoded)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
 class CompletionOutput:
     """One completion. `token_ids` is everything generated so far; `new_token_ids` what this step added.
 
@@ -22,17 +32,26 @@ class CompletionOutput:
     them into lists only when a field is first read. A stream's consumer reads the delta, rarely the whole output, and
     copying every output so far for every request at every step made the host's work per token grow with the length
     of the output. Read late, a view gives the same lists as a copy made at once: an output the host has received
-    never changes (later tokens are only appended, or pending ones dropped, after it)."""
+    never changes (later tokens are only appended, or pending ones dropped, after it).
+
+    `text` is the decoded output when the engine has a tokenizer: decoded when first read (`decode`, a callable
+    given by the engine: no decoding for outputs nobody reads), or set at once for requests with stop strings (the
+    engine's incremental text, cut at the stop). `stop_reason` is vLLM's: the stop string or stop token id that
+    ended the output, None when it ended otherwise (EOS included)."""
 
     __slots__ = (
+        "_decode",
         "_new_token_ids",
         "_num_new",
         "_num_received",
         "_outputs",
+        "_text",
         "_token_ids",
+        "cumulative_logprob",
         "finish_reason",
         "index",
-        "text",
+        "logprobs",
+        "stop_reason",
     )
 
     def __init__(
@@ -42,8 +61,15 @@ class CompletionOutput:
         new_token_ids: list[int],
         finish_reason: str | None,
         text: str | None = None,
+        stop_reason: "str | int | None" = None,
+        logprobs: list[dict] | None = None,
+        cumulative_logprob: float | None = None,
     ):
-        self.index, self.finish_reason, self.text = index, finish_reason, text
+        """`logprobs` (SamplingParams.logprobs only): one {token id: Logprob} per output token, the chosen token
+        first, then the top k; `cumulative_logprob`: the sum of the chosen tokens' logprobs."""
+        self.logprobs, self.cumulative_logprob = logprobs, cumulative_logprob
+        self.index, self.finish_reason, self._text, self.stop_reason = index, finish_reason, text, stop_reason
+        self._decode = None
         self._token_ids, self._new_token_ids = token_ids, new_token_ids
         self._outputs, self._num_received, self._num_new = None, 0, 0
 
@@ -54,7 +80,9 @@ class CompletionOutput:
         """A view of `outputs[:num_received]` (the request's output list; it may grow later) whose last `num_new`
         tokens are this step's."""
         self = cls.__new__(cls)
-        self.index, self.finish_reason, self.text = index, finish_reason, None
+        self.index, self.finish_reason = index, finish_reason
+        self._text = self._decode = self.stop_reason = None
+        self.logprobs = self.cumulative_logprob = None
         self._token_ids = self._new_token_ids = None
         self._outputs, self._num_received, self._num_new = outputs, num_received, num_new
         return self
@@ -81,11 +109,26 @@ class CompletionOutput:
         self._new_token_ids = value
 
     @property
+    def text(self) -> str | None:
+        if self._text is None and self._decode is not None:
+            self._text = self._decode(self.token_ids)
+        return self._text
+
+    @text.setter
+    def text(self, value: str | None) -> None:
+        self._text = value
+
+    def decode_text_with(self, decode) -> "CompletionOutput":
+        """Make `text` `decode(token_ids)`, computed when first read."""
+        self._decode = decode
+        return self
+
+    @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
     def _fields(self) -> tuple:
-        return self.index, self.token_ids, self.new_token_ids, self.finish_reason, self.text
+        return self.index, self.token_ids, self.new_token_ids, self.finish_reason, self.text, self.stop_reason
 
     def __eq__(self, other) -> bool:
         if other.__class__ is not self.__class__:
@@ -95,10 +138,10 @@ class CompletionOutput:
     __hash__ = None  # mutable, like the dataclass it replaces
 
     def __repr__(self) -> str:
-        index, tokens, new, reason, text = self._fields()
+        index, tokens, new, reason, text, stop_reason = self._fields()
         return (
             f"CompletionOutput(index={index!r}, token_ids={tokens!r}, new_token_ids={new!r}, "
-            f"finish_reason={reason!r}, text={text!r})"
+            f"finish_reason={reason!r}, text={text!r}, stop_reason={stop_reason!r})"
         )
 
 
@@ -111,3 +154,5 @@ class RequestOutput:
     metrics: RequestMetrics
     error: str | None = None  # set when the request was refused or failed; finish_reason is then "abort"
     prompt: str | None = None
+    # SamplingParams.prompt_logprobs: None for the first prompt token, then a {token id: Logprob} per prompt token
+    prompt_logprobs: list | None = None

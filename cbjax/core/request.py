@@ -40,12 +40,16 @@ class Request:
         "arrival_order",
         "bad_word_ids",
         "constraint",
+        "cumulative_logprob",
         "deadline",
         "error",
         "finish_reason",
+        "group",
         "host_pages",
         "last_scheduled_time",
+        "logprobs",
         "metrics",
+        "needs_extras",
         "num_computed_tokens",
         "num_dropped_pages",
         "num_pending_tokens",
@@ -58,8 +62,10 @@ class Request:
         "params",
         "policy_state",
         "priority",
+        "prompt_logprobs",
         "prompt_token_ids",
         "request_id",
+        "samples_with_extras",
         "seed",
         "spec_context",
         "status",
@@ -112,7 +118,28 @@ class Request:
         # sequences never to complete, and the structured-output state (a core.structured_outputs.TokenConstraint).
         self.bad_word_ids: tuple[tuple[int, ...], ...] = ()
         self.constraint = None
+        # n > 1 or best_of: the core.sequence_group.SequenceGroup this request is a sample of (None: a lone one).
+        self.group = None
+        # Sampling extras (cbjax/runner/extras_runner.py), read per step as plain flags: whether the request's
+        # tokens are sampled with extras, and whether it needs the extras at all (prompt_logprobs too).
+        self.samples_with_extras = params.needs_sampling_extras
+        self.needs_extras = self.samples_with_extras or params.prompt_logprobs is not None
+        # vLLM's logprob outputs, filled as the tokens reach the host: one {token id: Logprob} per received output
+        # (None without params.logprobs), their sum, and per prompt token (None first, then dicts).
+        self.logprobs: list[dict] | None = None if params.logprobs is None else []
+        self.cumulative_logprob = 0.0
+        self.prompt_logprobs: list | None = None
         self.spec_context = None  # speculation: the context as a numpy array, extended as it grows (speculator.py)
+
+    @property
+    def needs_host_history(self) -> bool:
+        """Whether sampling its next token reads its previous outputs on the host (a constraint's bitmask, a logits
+        processor, a bad word of several tokens): the engine receives its step before scheduling the next."""
+        return self.samples_with_extras and bool(
+            self.constraint is not None
+            or self.params.logits_processors
+            or any(len(word) > 1 for word in self.bad_word_ids)
+        )
 
     @property
     def num_tokens(self) -> int:

@@ -6,7 +6,6 @@ preempted sequence are all the same operation. A sequence whose chunk reaches th
 new token. Finished sequences leave at `update`, so their slot and pages serve the very next step.
 """
 
-import itertools
 from collections.abc import Sequence
 
 from cbjax.config.cache import CacheConfig
@@ -14,10 +13,12 @@ from cbjax.core.clock import Clock
 from cbjax.core.multi_step import plan_decode_steps
 from cbjax.core.page_pool import PagePool, chain_hashes
 from cbjax.core.policy import Policy
+from cbjax.core.preemption import preempt, preempt_lower
 from cbjax.core.request import FinishReason, Request, RequestStatus
 from cbjax.core.scheduler_config import SchedulerConfig, pages_for
 from cbjax.core.scheduler_output import ScheduledSeq, SchedulerOutput
 from cbjax.core.scheduler_view import ReadOnlyScheduler
+from cbjax.core.sequence_group import copy_on_write, fork_group, fork_ready_groups, shared_write_page, slots_wanted
 from cbjax.core.sorted_ranking import Ranking, SortedWaiting, visits
 from cbjax.core.speculation import scheduling as speculation
 from cbjax.core.speculation.speculator import Speculator
@@ -68,6 +69,7 @@ class Scheduler:
         # In the policy's order when it has a waiting_key (the fast path), else in the order requests joined it.
         self.waiting = WaitingQueue(self.policy.waiting_key)
         self.running: list[Request] = []  # in admission order
+        self.forking: list[Request] = []  # running heads of sequence groups not forked yet: a slot per sample held
         self._num_admissions = 0
         self.num_preemptions = 0
         self.num_swapped_out_pages = self.num_swapped_in_pages = 0
@@ -100,6 +102,17 @@ class Scheduler:
         """When the policy will admit although no request arrives or finishes (a static batch's timeout)."""
         return self.policy.next_event_time(self.running, self.waiting.requests)
 
+    def num_free_slots(self) -> int:
+        """Slots a waiting request may take: max_num_seqs less the running requests and the samples that groups
+        admitted but not forked yet will add (core/sequence_group.py)."""
+        held = len(self.running) + sum(len(h.group.samples) - 1 for h in self.forking)
+        return self.config.max_num_seqs - held
+
+    def left_running(self, req: Request) -> None:
+        """`req` left the running set (preempted or finished): a group head that had not forked frees its slots."""
+        if req.group is not None and req in self.forking:
+            self.forking.remove(req)
+
     def cached_prefix_tokens(self, req: Request) -> int:
         """Tokens of the request's context a fresh admission would find in the prefix cache."""
         if not self.pool.enable_caching:
@@ -118,6 +131,8 @@ class Scheduler:
         if self.window is not None:
             for req in self.running:
                 drop_outside_window(self.pool, req, self.window, self.cache.page_size)
+        if self.forking:
+            fork_ready_groups(self, now)
         step = _Step(
             SchedulerOutput([], 0, [], now),
             self.config.max_num_batched_tokens,
@@ -170,10 +185,17 @@ class Scheduler:
     def _admit_batch(self, step: _Step) -> None:
         """Static batching: move a whole batch into the running set, then admit nothing else this step."""
         if step.may_admit:
-            free_slots = self.config.max_num_seqs - len(self.running)
+            free_slots = self.num_free_slots()
             order = self._rank([], step.out.time, with_running=False).order
-            batch = itertools.islice(order, free_slots) if free_slots >= 0 else list(order)[:free_slots]
-            for req in list(batch):
+            batch = [] if free_slots >= 0 else list(order)[:free_slots]
+            for req in order if free_slots > 0 else ():
+                free_slots -= slots_wanted(req)  # a group that has not forked takes one per sample
+                if free_slots < 0:
+                    break
+                batch.append(req)
+                if free_slots == 0:
+                    break
+            for req in batch:
                 self._admit(req)
         step.may_admit = False
 
@@ -187,9 +209,10 @@ class Scheduler:
         if not waiting and place.pages_needed <= self.pool.num_free:
             return place  # the common case: a running sequence whose pages are there
         lower_ranked = ranked_running[lower:]
-        if waiting and len(self.running) >= self.config.max_num_seqs:
-            if not self.policy.preempt_for_slot or not self._preempt_lower(
-                req, lower_ranked, step, need_slot=True, target=self._pages_wanted(place, waiting)
+        slots = slots_wanted(req) if waiting else 0
+        if slots and self.num_free_slots() < slots:
+            if not self.policy.preempt_for_slot or not preempt_lower(
+                self, req, lower_ranked, step, slots=slots, target=self._pages_wanted(place, waiting)
             ):
                 step.may_admit = False
                 return None
@@ -198,7 +221,7 @@ class Scheduler:
             return place
         if not waiting:
             step.may_admit = False  # a running sequence lacked pages: admit nothing more this step
-        self._preempt_lower(req, lower_ranked, step, need_slot=False, target=self._pages_wanted(place, waiting))
+        preempt_lower(self, req, lower_ranked, step, slots=0, target=self._pages_wanted(place, waiting))
         # Victims' releases may have turned some of its cache hits evictable: count again.
         place = self._placement(req, step.budget)
         if self.pool.can_allocate(self._pages_wanted(place, waiting)):
@@ -206,7 +229,7 @@ class Scheduler:
         if waiting:
             step.may_admit = False  # head-of-line: no later request jumps ahead for lack of pages
         else:
-            self._preempt(req, step)  # nothing ranked below it to free pages: it yields its own
+            preempt(self, req, step)  # nothing ranked below it to free pages: it yields its own
         return None
 
     def _commit(self, req: Request, place: _Placement, step: _Step) -> None:
@@ -216,6 +239,9 @@ class Scheduler:
             self._admit(req)
         if place.num_new_pages or req.host_pages or not req.pages:  # else a running sequence's pages suffice
             self._place(req, place, step)
+        group = req.group
+        if group is not None and not group.forked and req.num_computed_tokens >= group.fork_point:
+            fork_group(self, req, step.out.time)  # the prefix cache held its prompt up to the fork
         self._scheduled(req, place.num_computed_tokens, place.num_new_tokens, place.draft_token_ids, step)
 
     def _extend(self, req: Request, step: _Step) -> bool:
@@ -226,6 +252,10 @@ class Scheduler:
         if n:
             G = self.cache.page_size
             new_pages = (computed + n + G - 1) // G - req.num_dropped_pages - len(req.pages)  # pages_for - have
+            if req.group is not None and shared_write_page(self.pool, req, G) >= 0:
+                if max(new_pages, 0) + 1 > self.pool.num_free:
+                    return False
+                step.out.page_copies.append(copy_on_write(self.pool, req, G, self.policy.choose_eviction))
             if new_pages > 0:
                 if new_pages > self.pool.num_free:
                     return False
@@ -257,6 +287,9 @@ class Scheduler:
 
     def _num_new_tokens(self, req: Request, computed: int, budget: int) -> int:
         left = len(req.all_token_ids) - computed
+        group = req.group
+        if group is not None and not group.forked and computed < group.fork_point:
+            left = group.fork_point - computed  # the head computes the prompt up to the fork (sequence_group.py)
         chunk_size = self.policy.chunk_size
         n = left if left <= budget else budget
         if chunk_size is not None and n > chunk_size:
@@ -280,8 +313,10 @@ class Scheduler:
                 return None
             have = req.num_dropped_pages + len(req.pages)
             drafts = [] if self.speculator is None else speculation.drafts(self, req, computed, n, budget, have)
-            new_pages = (computed + n + len(drafts) + G - 1) // G - have  # pages_for - have
-            return _Placement(computed, n, hits, new_pages if new_pages > 0 else 0, 0, 0, drafts)
+            new_pages = max(0, (computed + n + len(drafts) + G - 1) // G - have)  # pages_for - have
+            if req.group is not None and shared_write_page(self.pool, req, G) >= 0:
+                new_pages += 1  # its copy of the shared page it writes into (_place makes it)
+            return _Placement(computed, n, hits, new_pages, 0, 0, drafts)
         if req.host_pages:  # swapped out: its pages come back from host
             computed, have = req.num_computed_tokens, req.num_dropped_pages + len(req.host_pages)
         else:  # fresh, recomputing, or admitted in a static batch and not started: the prefix cache may help
@@ -327,8 +362,14 @@ class Scheduler:
             req.pages = list(place.hits)
             req.num_registered_pages = len(place.hits)
             req.num_computed_tokens = place.num_computed_tokens
-        if place.num_new_pages:
-            req.pages.extend(pool.allocate(place.num_new_pages, self.policy.choose_eviction))
+        new_pages = place.num_new_pages
+        if req.group is not None and req.pages:
+            copy = copy_on_write(pool, req, self.cache.page_size, self.policy.choose_eviction)
+            if copy is not None:
+                step.out.page_copies.append(copy)
+                new_pages -= 1
+        if new_pages:
+            req.pages.extend(pool.allocate(new_pages, self.policy.choose_eviction))
 
     def _admit(self, req: Request) -> None:
         self.waiting.remove(req)
@@ -336,55 +377,8 @@ class Scheduler:
         req.admission_order = self._num_admissions
         self._num_admissions += 1
         self.running.append(req)
-
-    def _preempt_lower(
-        self, req: Request, lower_ranked: list[Request], step: _Step, *, need_slot: bool, target: int
-    ) -> bool:
-        """Preempt running requests ranked below `req` (as the policy allows) until it has a slot (need_slot) or
-        `target` free pages. Returns whether that was reached; preempts nobody when it cannot be."""
-        max_len = self.config.max_model_len
-        lower = [r for r in lower_ranked if r.status is _RUNNING and not r.pending_is_final(max_len)]
-        candidates = self.policy.victims(req, lower)
-        if not candidates:
-            return False
-        if not need_slot and self.pool.num_free + sum(len(c.pages) for c in candidates) < target:
-            return False  # even all of them would not free enough: preempting would only waste their work
-        while candidates:
-            victim = self.policy.choose_victim(candidates, step.out.time)
-            candidates = [c for c in candidates if c is not victim]
-            self._preempt(victim, step)
-            if need_slot or self.pool.can_allocate(target):
-                return True
-        return False
-
-    def _preempt(self, req: Request, step: _Step) -> None:
-        """Take a running request off the device. Swap mode moves the KV of its computed tokens to host pages
-        (when the host pool has room); otherwise the KV is dropped and recomputed on resume. Either way it goes
-        back to the waiting queue, keeping its generated tokens."""
-        self.running.remove(req)
-        # Without device pages (admitted in a static batch, not placed yet) it holds nothing to move or drop: a
-        # swapped-out request keeps its host pages.
-        if req.pages:
-            k = pages_for(req.num_computed_tokens, self.cache.page_size) - req.num_dropped_pages  # held, computed
-            host = self.host_pool
-            if host is not None and k > 0 and host.can_allocate(k):
-                req.host_pages = host.allocate(k)
-                step.out.swap_out.extend(zip(req.pages[:k], req.host_pages))
-                self.num_swapped_out_pages += k
-            else:
-                self.num_recomputed_tokens += req.num_computed_tokens
-                req.num_computed_tokens = 0
-                req.num_dropped_pages = 0
-            self.pool.free(req.pages)
-            req.pages = []
-        req.num_registered_pages = 0
-        req.status = RequestStatus.PREEMPTED
-        req.num_preemptions += 1
-        req.metrics.num_preemptions += 1
-        self.num_preemptions += 1
-        step.out.preempted.append(req)
-        step.preempted.add(id(req))
-        self.waiting.append(req)
+        if req.group is not None and not req.group.forked:
+            self.forking.append(req)
 
     # ---- after the step ---------------------------------------------------------------------------------------
     def update(
@@ -439,6 +433,7 @@ class Scheduler:
             req.num_registered_pages = full
 
     def finish(self, req: Request, reason: FinishReason, now: float | None = None) -> None:
+        self.left_running(req)
         self.pool.free(req.pages)
         req.pages = []
         if req.host_pages:

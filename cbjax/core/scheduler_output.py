@@ -33,6 +33,9 @@ class SchedulerOutput:
     # KV pages to copy before the step runs, swap-outs first: (device page, host page) and (host page, device page).
     swap_out: list[tuple[int, int]] = dataclasses.field(default_factory=list)
     swap_in: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    # Copy-on-write of shared pages (core/sequence_group.py): (source page, destination page) device copies, run
+    # after the swaps and before the step's program.
+    page_copies: list[tuple[int, int]] = dataclasses.field(default_factory=list)
     # > 1: a block of decode steps run in one dispatch (cbjax/core/multi_step.py); the runner returns a row of
     # tokens per step, and the first step is what `seqs` and `num_batched_tokens` describe.
     num_steps: int = 1

@@ -43,6 +43,11 @@ class StructuredOutputs:
                 raise ValueError(f"structured {k} must be a non-empty string, got {v!r}")
         if self.json is not None and not isinstance(self.json, (str, dict)):
             raise ValueError(f"structured json must be a JSON schema (dict or str), got {type(self.json).__name__}")
+        if isinstance(self.json, dict):
+            try:  # (its canonical text is also what the params hash)
+                json_text.dumps(self.json, sort_keys=True)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"structured json: the schema dict is not JSON ({e})") from None
 
     def __hash__(self):  # a dict schema is not hashable: hash its canonical text
         schema = self.json if not isinstance(self.json, dict) else json_text.dumps(self.json, sort_keys=True)

@@ -14,6 +14,7 @@ from cbjax.core.speculation.config import SpeculativeConfig
 from cbjax.model.llama import Llama
 from cbjax.runner.compilation.counter import CompileCounter
 from cbjax.runner.compilation.program_store import ProgramStore
+from cbjax.runner.extras_runner import SamplingExtras
 from cbjax.runner.kv_cache import allocate_kv_cache
 from cbjax.runner.kv_swap import build_host_pool
 from cbjax.runner.model_runner import ModelRunner
@@ -48,7 +49,8 @@ def build_model_runner(
     backend and interpret mode (not its warmup: the caller warms the runner up); a mesh of `parallel`'s
     tensor_parallel_size devices when > 1, else `device` (None: jax's default); `speculative` (None: off) names the
     acceptance rule and the draft model, loaded with the `dtype` and `matmul_dtype` load options (None: its own);
-    `num_scheduler_steps` > 1 adds the programs of blocks of decode steps; `program_store_dir`: where compiled step
+    `num_scheduler_steps` > 1 adds the programs of blocks of decode steps; the sampling extras follow `compilation`'s
+    sampling_extras and max_logprobs; `program_store_dir`: where compiled step
     programs are kept between processes (None: nowhere)."""
     if cache.num_pages is None or cache.num_host_pages is None:
         raise ValueError("build_model_runner needs num_pages and num_host_pages resolved (engine_build.resolve_sizes)")
@@ -70,9 +72,19 @@ def build_model_runner(
             cpu_impls=resolve_cpu_impls() if backend == "xla" else None,
             compiles=compiles,
         )
+    weights = place_params(model, placement)
+    extras = SamplingExtras(
+        model.cfg,
+        buckets,
+        placement,
+        compiles,
+        weights.graphdef,
+        max_logprobs=compilation.max_logprobs,
+        precompile=compilation.sampling_extras,
+    )
     return ModelRunner(
         model,
-        weights=place_params(model, placement),
+        weights=weights,
         kv_caches=allocate_kv_cache(model.cfg, **geometry, placement=placement),
         placement=placement,
         buckets=buckets,
@@ -92,6 +104,7 @@ def build_model_runner(
         draft=draft,
         program_store=build_program_store(program_store_dir, placement),
         num_scheduler_steps=num_scheduler_steps,
+        extras=extras,
     )
 
 

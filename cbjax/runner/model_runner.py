@@ -21,9 +21,11 @@ from cbjax.runner import sharding
 from cbjax.runner.compilation.counter import CompileCounter
 from cbjax.runner.compilation.program_family import ProgramFamily
 from cbjax.runner.compilation.program_store import ProgramStore
+from cbjax.runner.extras_runner import SamplingExtras
 from cbjax.runner.flat_input import FlatStepInput, flat_input
 from cbjax.runner.kv_cache import num_device_pages
 from cbjax.runner.kv_swap import HostKVPool
+from cbjax.runner.page_copy import PageCopier
 from cbjax.runner.placement import PlacedParams, Placement
 from cbjax.runner.speculation.draft_runner import DraftRunner
 from cbjax.runner.speculation.verification import Speculation
@@ -69,10 +71,13 @@ class ModelRunner:
         draft: DraftRunner | None = None,
         program_store: ProgramStore | None = None,
         num_scheduler_steps: int = 1,
+        extras: SamplingExtras | None = None,
     ):
         """`weights` and `kv_caches` placed by `placement` (place_params, allocate_kv_cache); `compiles` counts the
         programs this runner's calls compile (warmup included; a draft runner's too, so it is shared with `draft`);
-        `program_store`: compiled step programs saved on disk for the next process (None: off)."""
+        `program_store`: compiled step programs saved on disk for the next process (None: off); `extras`: the
+        sampling extras (extras_runner.py) that sample the rows asking for logprobs, penalties or masks (None: a
+        runner that serves plain sampling only)."""
         self.model, self.cfg = model, model.cfg
         self.placement, self.device, self.mesh = placement, placement.device, placement.mesh
         self.params, self.graphdef = weights
@@ -93,9 +98,12 @@ class ModelRunner:
         # there (the packer knows each request's slot in that step).
         self.pending_tokens = self._no_pending = placement.put(jnp.zeros(buckets.max_num_seqs, jnp.int32))
         self.packer = StepPacker(buckets, self.pad_page)
+        self.page_copier = PageCopier(buckets.max_num_seqs, self.pad_page)  # copy-on-write of shared pages
         self.last_step: StepHandle | None = None  # the last dispatched step
         self.timed: Callable[[str], AbstractContextManager] | None = None
         self.on_dispatch: Callable[[StepHandle], None] | None = None
+        self.extras = extras
+        self.sample_hidden = None  # the last plain step's sample rows' hidden states [S, D], on the device
 
     def _families(self, num_scheduler_steps: int) -> tuple[ProgramFamily, ProgramFamily | None, ProgramFamily | None]:
         """The step programs (one per token bucket), the verifying ones (with speculation: a step without drafts
@@ -136,8 +144,12 @@ class ModelRunner:
             tokens, self.kv_caches, d.kv_caches = program(
                 self.params, self.kv_caches, *args, self.pending_tokens, d.params, d.kv_caches
             )
-        else:
+        elif verify or flat.layout.blocks:
             tokens, self.kv_caches = program(self.params, self.kv_caches, *args, self.pending_tokens)
+        else:  # a plain step: its sample rows' hidden states stay on the device for the sampling extras
+            tokens, self.sample_hidden, self.kv_caches = program(
+                self.params, self.kv_caches, *args, self.pending_tokens
+            )
         return tokens
 
     def _program_key(self, T: int, verify: bool = False, steps: int = 1) -> tuple:
@@ -177,6 +189,8 @@ class ModelRunner:
         params, kv_caches = self._avals
         prev = self.placement.abstract(self._no_pending)
         args, outs = (params, kv_caches, flat.ints, flat.floats, flat.verify, prev), (prev, kv_caches)
+        if steps == 1 and not verify:  # a plain step also returns its sample rows' hidden states (the tree's shape)
+            outs = (prev, prev, kv_caches)
         if steps > 1:  # a block of decode steps: every step's tokens, and the last step's
             outs = ((jax.ShapeDtypeStruct((steps, b.max_num_seqs), jnp.int32), prev), kv_caches)
         drafting = verify and self.draft is not None
@@ -185,7 +199,7 @@ class ModelRunner:
         trees = jax.tree.structure((args, {})), jax.tree.structure(outs)
         # (The draft's part of the key holds its interned graphdef, whose repr is not stable across processes.)
         draft = (repr(self.draft.cfg), self.draft.key()[1]) if drafting else None
-        description = ("step", repr(self.cfg), self._program_key(T, verify, steps)[1:-1], draft)
+        description = ("step+sample_hidden", repr(self.cfg), self._program_key(T, verify, steps)[1:-1], draft)
         if self.program_cache is not None:
             program = self.program_cache.load(description, *trees, device=self.device)
             if program is not None:
@@ -217,9 +231,14 @@ class ModelRunner:
         The swap programs (when swapping is on) are built now in any mode. Returns the seconds this call took."""
         check_warmup_mode(mode)
         t0 = time.perf_counter()
+        # The copy-on-write program, built in any mode (not counted: num_compiles counts the step and swap programs;
+        # a compile of it at a step would be, dispatch copies inside `counting`).
+        self.kv_caches = self.page_copier.warmup(self.kv_caches)
         if self.host_pool is not None:
             with self.compiles.counting():
                 self.kv_caches = self.host_pool.warmup(self.kv_caches)
+        if self.extras is not None and mode != "none":
+            self.extras.warmup(self.params)
         if mode == "full":
             for programs in self._program_families:
                 programs.build_all()
@@ -275,6 +294,9 @@ class ModelRunner:
             self.draft.before_step(out, self.speculation is not None and out.num_draft_tokens > 0)
         if out.swap_out or out.swap_in:
             handle.swap_s, handle.swap_out_bytes, handle.swap_in_bytes = self.swap(out.swap_out, out.swap_in)
+        if out.page_copies:  # copy-on-write (core/sequence_group.py), queued on the device before the step
+            with self.compiles.counting():
+                self.kv_caches = self.page_copier(self.kv_caches, out.page_copies)
         if out.seqs:
             handle.verified = verify = self.speculation is not None and out.num_draft_tokens > 0
             timed = self.timed
@@ -286,6 +308,10 @@ class ModelRunner:
                     inp, handle.order = self.packer.pack(out, verify)
                 with timed("launch"):
                     handle.tokens = self.run_input(inp, verify)
+            if self.extras is not None and out.num_steps == 1 and not verify:
+                handle.tokens, handle.extras = self.extras.after_step(
+                    self.params, out, handle.order, inp, self.sample_hidden, handle.tokens
+                )
             # A verifying step is received before the next is scheduled (the engine waits for it), so the next
             # step has no pending token to read from it. A block's next step reads its last step's tokens.
             if out.num_steps > 1:
@@ -316,6 +342,8 @@ class ModelRunner:
         tokens = handle.tokens.addressable_data(0) if self._global_inputs else handle.tokens
         host_tokens = np.asarray(tokens)
         handle.wait_s = time.perf_counter() - t0
+        if handle.extras is not None:
+            self.extras.receive(handle.extras, host_tokens)
         if handle.verified:
             return verified_tokens(handle.out.seqs, handle.order, host_tokens)
         n = len(handle.order)

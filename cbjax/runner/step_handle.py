@@ -24,3 +24,4 @@ class StepHandle:
     # A speculative step: tokens are [max_num_seqs, K + 2] (cbjax/runner/speculation/verification.py).
     verified: bool = False
     inp: FlatStepInput | None = None  # the packed input the step ran (None: a swap-only step)
+    extras: object = None  # the sampling extras' outputs still on the device (extras_runner.ExtrasHandle)

@@ -57,7 +57,10 @@ def step_program(
     pending tokens of the next step. With a draft model too (`draft_graphdef`, its params and KV): the drafts are
     proposed here first (draft_proposals.py) and the draft's KV comes back as a third output. With
     `decode_steps` > 1: a block of that many decode steps (decode_loop.py); its tokens are
-    ([decode_steps, max_num_seqs], the last step's [max_num_seqs])."""
+    ([decode_steps, max_num_seqs], the last step's [max_num_seqs]).
+    A plain step (neither) returns (tokens, sample_hidden, kv): sample_hidden [S, D] holds the final hidden state
+    of each slot's last token, which the sampling extras (sampling_extras.py) turn into the logits of the rows that
+    ask for logprobs, penalties or masks, in a program of their own (the plain step pays one small output)."""
     module_def, treedef = graphdef.value
     model = nnx.merge(module_def, jax.tree.unflatten(treedef, params))
     inp = layout.unflatten(ints, floats, verify_rows, to_uint32=lambda x: jax.lax.bitcast_convert_type(x, jnp.uint32))
@@ -81,11 +84,17 @@ def step_program(
         return tokens, kv_caches
     md = AttentionMetadata(inp.slot_mapping, inp.kv_lens, inp.page_indices, inp.cu_q_lens, inp.num_seqs)
     hidden, kv_caches = model(token_ids, inp.positions, kv_caches, md, backend, interpret, mesh)
+    sample_hidden = None
     if speculation is None:
         tokens = head_and_sample(model, hidden, inp)
+        sample_hidden = hidden[inp.sample_idx]
     else:
         tokens = head_and_verify(model, hidden, inp, token_ids, speculation.rule, speculation.max_drafts, draft_probs)
     tokens = jnp.zeros((prev_tokens.shape[0], *tokens.shape[1:]), jnp.int32).at[: tokens.shape[0]].set(tokens)
     if mesh is not None:  # every device (and every process) holds all of them: the host reads its own copy
         tokens = jax.lax.with_sharding_constraint(tokens, NamedSharding(mesh, PartitionSpec()))
+        if sample_hidden is not None:
+            sample_hidden = jax.lax.with_sharding_constraint(sample_hidden, NamedSharding(mesh, PartitionSpec()))
+    if sample_hidden is not None:
+        return tokens, sample_hidden, kv_caches
     return (tokens, kv_caches) if draft_graphdef is None else (tokens, kv_caches, draft_kv)

@@ -1,9 +1,11 @@
 """The HTTP routes (Starlette): OpenAI completions and chat completions (streamed as SSE or not), models, health
 and Prometheus metrics, over one EngineLoop.
 
-A streamed response sends one SSE chunk per engine step that gave the request a token, as soon as the step ends,
-the finish_reason on the chunk of the last token, then (with stream_options.include_usage) a usage chunk, then
-`data: [DONE]`. A client that disconnects is aborted; the next step frees its pages.
+A streamed response sends one SSE chunk per engine step and sample (n > 1: the samples' chunks interleaved, each
+with its choice index) that got a token, as soon as the step ends, the finish_reason on the chunk of a sample's last
+token, then (with stream_options.include_usage) a usage chunk, then `data: [DONE]`. A client that disconnects is
+aborted; the next step frees its pages. Stop strings are the engine's (SamplingParams.stop): the text of a request
+that has them comes from the engine; the others' text is decoded here, with the same TextStream.
 """
 
 import asyncio
@@ -16,12 +18,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from cbjax.core.sampling_params import SamplingParams
+from cbjax.model.text_stream import TextStream
 from cbjax.model.tokenizer import Tokenizer
 from cbjax.serve.chat_template import ChatTemplate, plain_template
-from cbjax.serve.engine_loop import EngineLoop, QueueFull, RequestHandle, ShuttingDown
+from cbjax.serve.engine_loop import ChoiceDelta, EngineLoop, QueueFull, RequestHandle, ShuttingDown
+from cbjax.serve.logprobs_format import TokenText, chat_logprobs, completion_logprobs
 from cbjax.serve.protocol import GenerationRequest, ProtocolError, error_body, parse_chat, parse_completion
-from cbjax.serve.text_stream import TextStream
 
 RETRY_AFTER_S = 1  # the Retry-After of a 429: about how long a few requests take to finish on a busy CPU server
 
@@ -135,15 +137,7 @@ class Server:
         if max_tokens is None:  # chat's default: the rest of the context
             max_tokens = max(1, self.max_model_len - len(prompt_ids))
         try:
-            params = SamplingParams(
-                max_tokens=max_tokens,
-                temperature=req.temperature,
-                top_p=req.top_p,
-                top_k=req.top_k,
-                seed=req.seed,
-                stop_token_ids=req.stop_token_ids,
-                ignore_eos=req.ignore_eos,
-            )
+            params = req.sampling_params(max_tokens)
         except (ValueError, TypeError) as e:
             raise ProtocolError(str(e)) from None
         try:
@@ -179,24 +173,60 @@ class Server:
         return await gen.full(request)
 
 
+class _Choice:
+    """One sample of a streamed response: its text so far (decoded here with a TextStream, or the engine's for
+    requests with stop strings) and the offset of its next token's text (completions' logprobs)."""
+
+    def __init__(self, index: int, server: Server, req: GenerationRequest, prompt_ids: list[int]):
+        self.index = index
+        self.stream = TextStream(
+            server.tokenizer, prompt_ids, include_stop_str_in_output=req.include_stop_str_in_output
+        )
+        self.text = ""
+        self.num_tokens = 0
+        self.offset = 0
+        self.started = False  # a chat stream's first chunk of this sample carries the role
+
+    def add(self, d: ChoiceDelta) -> str:
+        """The text delta of this step's tokens."""
+        self.num_tokens += len(d.new_ids)
+        if d.text is not None:  # the engine's visible text (stop strings): only ever extended
+            delta = d.text[len(self.text) :]
+            self.text = d.text
+            return delta
+        finished = d.finish_reason is not None
+        self.stream.add(d.new_ids, ends_with_stop_token=d.finish_reason == "stop")
+        if finished:
+            self.stream.finish()
+        delta = self.stream.delta(finished)
+        self.text += delta
+        return delta
+
+
+def _finish_reason(reason: str | None) -> str | None:
+    return "stop" if reason == "abort" else reason  # aborted by a stop of the server's own: OpenAI has no "abort"
+
+
 class _Generation:
     """One accepted request's responses: SSE chunks or one JSON body."""
 
     def __init__(self, server: Server, req: GenerationRequest, handle: RequestHandle, prompt_ids: list[int]):
         self.server, self.req, self.handle = server, req, handle
-        self.text = TextStream(server.tokenizer, prompt_ids, req.stop)
         self.prompt_ids = prompt_ids
         chat = req.kind == "chat"
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.object = "chat.completion" if chat else "text_completion"
         self.created = int(time.time())
-        self.finish_reason: str | None = None
+        tok = server.tokenizer
+        self.token_text = TokenText(None if tok is None else lambda ids: tok.decode(ids, skip_special_tokens=False))
+        self.choices: dict[int, _Choice] = {}
+        self.final = None  # the request's last outputs (CompletionOutputs), once it has finished
         self.done = False
 
     async def _events(self):
-        """(text delta, new token ids) per engine step, until the request ends; sets finish_reason. Raises
+        """Each engine step's ChoiceDeltas, until the request ends (then `final` holds its outputs). Raises
         ProtocolError when the server aborted it (timeout, shutdown). Aborts the engine request if left early
-        (client gone) or at a stop string."""
+        (client gone)."""
         loop, h = self.server.loop, self.handle
         try:
             while True:
@@ -204,34 +234,39 @@ class _Generation:
                 if event[0] == "error":
                     self.done = True
                     raise ProtocolError(event[2], event[1], type="server_error", code="aborted")
-                _, new_ids, reason = event
-                delta = self.text.add(new_ids)
-                if self.text.stopped:
-                    self.finish_reason = "stop"
-                elif reason is not None:
-                    self.finish_reason = "stop" if reason == "abort" else reason
-                    delta += self.text.finish()
-                if self.finish_reason is not None:
-                    self.done = True
-                    yield delta, new_ids
+                _, deltas, final = event
+                if final is not None:
+                    self.done, self.final = True, final
+                yield deltas
+                if final is not None:
                     return
-                yield delta, new_ids
         finally:
-            if not self.done or self.text.stopped:  # a no-op in the loop if the engine finished it meanwhile
+            if not self.done:  # a no-op in the loop if the engine finished it meanwhile
                 loop.abort(h)
 
-    def _usage(self) -> dict:
-        n = len(self.text.token_ids)
-        return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": n, "total_tokens": len(self.prompt_ids) + n}
+    def _usage(self, num_tokens: int) -> dict:
+        n = len(self.prompt_ids)
+        return {"prompt_tokens": n, "completion_tokens": num_tokens, "total_tokens": n + num_tokens}
 
-    def _choice(self, delta_text: str, new_ids, first: bool) -> dict:
+    def _logprobs(self, entries: list | None, token_ids: list[int], offset: int = 0) -> tuple[dict | None, int]:
+        """A choice's logprobs in this endpoint's shape (None when the request did not ask for them)."""
+        if self.req.logprobs is None or entries is None:
+            return None, offset
         if self.req.kind == "chat":
-            delta = {"role": "assistant", "content": delta_text} if first else {"content": delta_text}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": self.finish_reason}
+            return chat_logprobs(entries, token_ids, self.token_text, self.req.logprobs), offset
+        return completion_logprobs(entries, token_ids, self.token_text, offset)
+
+    def _chunk_choice(self, c: _Choice, text: str, d: ChoiceDelta) -> dict:
+        logprobs, c.offset = self._logprobs(d.logprobs, d.new_ids, c.offset)
+        reason = _finish_reason(d.finish_reason)
+        if self.req.kind == "chat":
+            delta = {"content": text} if c.started else {"role": "assistant", "content": text}
+            choice = {"index": c.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
         else:
-            choice = {"index": 0, "text": delta_text, "logprobs": None, "finish_reason": self.finish_reason}
+            choice = {"index": c.index, "text": text, "logprobs": logprobs, "finish_reason": reason}
+        c.started = True
         if self.req.return_token_ids:
-            choice["token_ids"] = list(new_ids)
+            choice["token_ids"] = list(d.new_ids)
         return choice
 
     def _chunk(self, choices: list, usage=None) -> bytes:
@@ -242,25 +277,25 @@ class _Generation:
         return f"data: {json.dumps(body, separators=(',', ':'))}\n\n".encode()
 
     async def sse(self):
-        first = True
         try:
-            async for delta, new_ids in self._events():
-                yield self._chunk([self._choice(delta, new_ids, first)])
-                first = False
+            async for deltas in self._events():
+                for d in deltas:  # n > 1: one chunk per sample, told apart by their index
+                    c = self.choices.get(d.index)
+                    if c is None:
+                        c = self.choices[d.index] = _Choice(d.index, self.server, self.req, self.prompt_ids)
+                    yield self._chunk([self._chunk_choice(c, c.add(d), d)])
         except ProtocolError as e:  # aborted by the server: say why, in OpenAI's error shape, and end the stream
             yield f"data: {json.dumps(e.body())}\n\n".encode()
             yield b"data: [DONE]\n\n"
             return
         if self.req.include_usage:
-            yield self._chunk([], self._usage())
+            yield self._chunk([], self._usage(sum(c.num_tokens for c in self.choices.values())))
         yield b"data: [DONE]\n\n"
 
     async def full(self, request: Request) -> Response:
-        ids: list[int] = []
-
         async def collect():
-            async for _, new_ids in self._events():
-                ids.extend(new_ids)
+            async for _ in self._events():
+                pass
 
         # Nobody reads a non-streamed response's body until the end, so watch the connection for a disconnect.
         work = asyncio.ensure_future(collect())
@@ -278,16 +313,23 @@ class _Generation:
             return _error(exc)
         if exc is not None:
             raise exc
-        text = self.text.text
-        if self.req.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None}
-        choice["finish_reason"] = self.finish_reason
-        if self.req.return_token_ids:
-            choice["token_ids"] = ids
+        # The final outputs are the choices (with best_of, the best n samples): their tokens, the engine's text.
+        choices, num_tokens = [], 0
+        for out in sorted(self.final, key=lambda o: o.index):
+            ids = list(out.token_ids)
+            num_tokens += len(ids)
+            text = out.text or ""
+            logprobs, _ = self._logprobs(out.logprobs, ids)
+            if self.req.kind == "chat":
+                choice = {"index": out.index, "message": {"role": "assistant", "content": text}}
+            else:
+                choice = {"index": out.index, "text": text}
+            choice.update(logprobs=logprobs, finish_reason=_finish_reason(out.finish_reason))
+            if self.req.return_token_ids:
+                choice["token_ids"] = ids
+            choices.append(choice)
         body = {"id": self.id, "object": self.object, "created": self.created, "model": self.server.model_name}
-        body.update(choices=[choice], usage=self._usage())
+        body.update(choices=choices, usage=self._usage(num_tokens))
         if self.req.return_token_ids:
             body["prompt_token_ids"] = self.prompt_ids
         return JSONResponse(body)

@@ -9,7 +9,8 @@ streaming request per step was the serving thread's largest cost per token after
 
   ("accepted", None)                    the engine took the request
   ("rejected", message)                 the engine refused it (its ValueError's message: a 400)
-  ("tokens", new_ids, finish_reason)    a step's delta; finish_reason is None until the last one
+  ("tokens", deltas, final)             a step's deltas, one per sample that changed (n > 1: several), each a
+                                        ChoiceDelta; final: None, or on the last event the request's outputs
   ("error", status, message)            aborted by the server (timeout: 408, shutdown: 503)
 
 Admission is bounded: requests accepted and not yet running (queued commands + the scheduler's waiting queue), less
@@ -25,6 +26,7 @@ import logging
 import queue
 import threading
 import time
+from typing import NamedTuple
 
 from cbjax.core.sampling_params import SamplingParams
 from cbjax.engine import LLMEngine
@@ -39,6 +41,18 @@ class QueueFull(Exception):
 
 class ShuttingDown(Exception):
     pass
+
+
+class ChoiceDelta(NamedTuple):
+    """One sample's change in one step. `text` is the engine's visible text so far for requests with stop strings
+    (cbjax/stop_strings.py), else None (the server decodes the tokens itself); `logprobs` the new tokens' entries
+    when the request asked for logprobs, else None."""
+
+    index: int
+    new_ids: list[int]
+    finish_reason: str | None
+    text: str | None
+    logprobs: list | None
 
 
 @dataclasses.dataclass(eq=False)
@@ -132,7 +146,7 @@ class EngineLoop:
         return h
 
     def abort(self, handle: RequestHandle) -> None:
-        """Abort a request (client gone, stop string seen); its pages are freed by the next step."""
+        """Abort a request (client gone); its pages are freed by the next step."""
         self._commands.put(("abort", handle))
 
     def num_unfinished(self) -> int:
@@ -214,7 +228,7 @@ class EngineLoop:
                 for out in engine.step():
                     h = live.get(out.request_id)
                     if h is not None:
-                        self._deliver(h, out.outputs[0], now, batch)
+                        self._deliver(h, out, now, batch)
                 if batch:
                     self._send_all(batch)
                 # The engine keeps a record per step for offline metrics; a server that runs for days must not.
@@ -257,11 +271,22 @@ class EngineLoop:
         if event is not None:
             self._send(h, event)
 
-    def _deliver(self, h: RequestHandle, c, now: float, batch: list) -> None:
-        """Account one output's delta and queue its event on `batch` (closing the request when it is the last)."""
-        m = self.metrics
-        new = c.new_token_ids
-        n = len(new)
+    def _deliver(self, h: RequestHandle, out, now: float, batch: list) -> None:
+        """Account one output's deltas and queue its event on `batch` (closing the request when it is the last)."""
+        m, p = self.metrics, h.params
+        with_text, with_logprobs = bool(p.stop), p.logprobs is not None
+        deltas, n = [], 0
+        for c in out.outputs:
+            new = c.new_token_ids  # (the view's own list: the output is read by nobody else)
+            if not new and c.finish_reason is None:
+                continue
+            n = max(n, len(new))  # tokens per sample this step (the samples advance together)
+            if new:
+                m.generation_tokens.inc(len(new))
+            lp = None
+            if with_logprobs and c.logprobs is not None:
+                lp = c.logprobs[len(c.logprobs) - len(new) :] if new else []
+            deltas.append(ChoiceDelta(c.index, new, c.finish_reason, c.text if with_text else None, lp))
         if n:
             if h.last_token is None:
                 m.ttft.observe(now - h.arrival)
@@ -270,12 +295,11 @@ class EngineLoop:
                     m.itl.observe((now - h.last_token) / n)
             h.last_token = now
             h.num_tokens += n
-            m.generation_tokens.inc(n)
-        reason = c.finish_reason
-        if reason is not None:
+        if out.finished:
             m.e2e.observe(now - h.arrival)
-            self._close(h, None, reason)
-        batch.append((h, ("tokens", new, reason)))  # (the view's own list: the output is read by nobody else)
+            self._close(h, None, out.outputs[0].finish_reason if out.outputs else "abort")
+        # The last event carries the final outputs (views of a finished request: they change no more).
+        batch.append((h, ("tokens", deltas, out.outputs if out.finished else None)))
 
     def _expire(self, now: float) -> None:
         for h in list(self._live.values()):

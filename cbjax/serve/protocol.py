@@ -2,17 +2,19 @@
 shape.
 
 Parsing is strict, as the issue asks: an unknown field is a 400 naming it, and so is a known OpenAI field whose
-value would need a feature cbjax does not have (`n` > 1, logprobs, penalties, echo, ...). The values clients send by
-default for those fields (`n: 1`, `logprobs: null`, `frequency_penalty: 0`, `echo: false`, vLLM's
-`repetition_penalty: 1.0` and `ignore_eos`, ...) are accepted, so the official client and `vllm bench serve` work
-unchanged. The sampling numbers themselves are checked by `SamplingParams` and the prompt by the engine; their
-`ValueError` messages become the 400's message.
+value would need a feature cbjax does not have (echo, suffix, tools). The values clients send by default for those
+fields (`echo: false`, ...) are accepted, so the official client and `vllm bench serve` work unchanged. The sampling
+options (n, best_of, logprobs, penalties, min_tokens, stop, logit_bias, seed, response_format, and vLLM's extras
+repetition_penalty, min_tokens, bad_words, include_stop_str_in_output) are parsed into their Python types here and
+checked by `SamplingParams` and the engine; their `ValueError` messages become the 400's message.
 """
 
 import dataclasses
 from typing import Any
 
 from cbjax.config import validation as check
+from cbjax.core.sampling_params import SamplingParams
+from cbjax.core.structured_outputs import StructuredOutputs
 
 
 class ProtocolError(Exception):
@@ -42,26 +44,43 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
 
 # Fields with no effect here, accepted only at the value that asks for nothing (what clients send by default).
 _INERT = {
-    "n": (1,),
-    "best_of": (None, 1),
     "echo": (None, False),
     "suffix": (None, ""),
-    "logit_bias": (None, {}),
-    "frequency_penalty": (None, 0, 0.0),
-    "presence_penalty": (None, 0, 0.0),
-    "repetition_penalty": (None, 1, 1.0),  # vLLM's extension; `vllm bench serve` sends 1.0
-    "min_tokens": (None, 0),
-    "top_logprobs": (None, 0),
     "parallel_tool_calls": (None,),
     "tools": (None, []),
     "tool_choice": (None, "none"),
 }
+# Per endpoint: a completion has no top_logprobs (its logprobs is the count), a chat no best_of.
+_COMPLETION_INERT = {"top_logprobs": (None, 0)}
+_CHAT_INERT = {"best_of": (None, 1)}
 _FREE = {"model", "user", "stream_options"}  # checked on their own (or not at all: `user` is any string)
-_SAMPLING = {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "ignore_eos", "stream"}
+_SAMPLING = {
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "stream",
+    "n",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "logprobs",
+    "response_format",
+    # vLLM's extensions
+    "repetition_penalty",
+    "min_tokens",
+    "bad_words",
+    "include_stop_str_in_output",
+}
 # cbjax's extensions: scheduling hints for the policies, and the generated token ids in the response (vLLM's name).
 _CBJAX = {"priority", "tenant", "deadline_ms", "return_token_ids"}
-COMPLETION_FIELDS = frozenset(_INERT) | _FREE | _SAMPLING | _CBJAX | {"prompt", "logprobs"}
-CHAT_FIELDS = frozenset(_INERT) | _FREE | _SAMPLING | _CBJAX | {"messages", "max_completion_tokens", "logprobs"}
+_BOTH = frozenset(_INERT) | _FREE | _SAMPLING | _CBJAX
+COMPLETION_FIELDS = _BOTH | frozenset(_COMPLETION_INERT) | {"prompt", "best_of"}
+CHAT_FIELDS = _BOTH | frozenset(_CHAT_INERT) | {"messages", "max_completion_tokens", "top_logprobs"}
 
 
 @dataclasses.dataclass
@@ -85,6 +104,41 @@ class GenerationRequest:
     priority: int = 0
     tenant: str = "default"
     deadline_ms: float | None = None  # relative to arrival; the `edf` policy reads it
+    n: int = 1
+    best_of: int | None = None
+    logprobs: int | None = None  # completions: `logprobs`; chat: `top_logprobs` when `logprobs` is true
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    logit_bias: dict[int, float] | None = None
+    bad_words: tuple[str, ...] = ()
+    include_stop_str_in_output: bool = False
+    structured: StructuredOutputs | None = None  # from response_format
+
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        """The engine's SamplingParams for this request (ValueError naming a bad value: a 400)."""
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos,
+            n=self.n,
+            best_of=self.best_of,
+            logprobs=self.logprobs,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            min_tokens=self.min_tokens,
+            bad_words=self.bad_words,
+            logit_bias=self.logit_bias,
+            stop=self.stop,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            structured=self.structured,
+        )
 
 
 def _bad(message: str, param: str | None) -> ProtocolError:
@@ -122,13 +176,13 @@ def _get_str(body: dict, name: str, default):
     return _get(body, name, default, lambda n, v: check.text(n, v, empty=True))
 
 
-def _check_fields(body: Any, allowed: frozenset) -> None:
+def _check_fields(body: Any, allowed: frozenset, inert: dict) -> None:
     if not isinstance(body, dict):
         raise _bad(f"the request body must be a JSON object, got {type(body).__name__}", None)
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise _bad(f"unknown field(s) {unknown}; this server accepts {sorted(allowed)}", unknown[0])
-    for name, accepted in _INERT.items():
+    for name, accepted in (_INERT | inert).items():
         if name in body and not _inert(body[name], accepted):
             raise _bad(f"'{name}'={body[name]!r} is not supported (accepted: {list(accepted)})", name)
 
@@ -195,7 +249,69 @@ def _common(body: dict, headers, kind: str, prompt, max_tokens: int | None) -> G
         priority=priority or 0,
         tenant=tenant,
         deadline_ms=deadline_ms,
+        n=_get_int(body, "n", 1),
+        presence_penalty=_get_float(body, "presence_penalty", 0.0),
+        frequency_penalty=_get_float(body, "frequency_penalty", 0.0),
+        repetition_penalty=_get_float(body, "repetition_penalty", 1.0),
+        min_tokens=_get_int(body, "min_tokens", 0),
+        logit_bias=_logit_bias(body.get("logit_bias")),
+        bad_words=_strings(body, "bad_words"),
+        include_stop_str_in_output=_get_bool(body, "include_stop_str_in_output", False),
+        structured=_response_format(body.get("response_format")),
     )
+
+
+def _strings(body: dict, name: str) -> tuple[str, ...]:
+    v = body.get(name)
+    if v is None:
+        return ()
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(s, str) and s for s in v):
+        raise _bad(f"'{name}' must be a list of non-empty strings, got {v!r}", name)
+    return tuple(v)
+
+
+def _logit_bias(v) -> dict[int, float] | None:
+    """OpenAI's {"token id": bias} (JSON keys are strings) -> {int: float}; SamplingParams clamps to [-100, 100] and
+    the engine checks the ids against the vocabulary."""
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise _bad(f"'logit_bias' must be an object of token id -> bias, got {v!r}", "logit_bias")
+    out = {}
+    for k, bias in v.items():
+        try:
+            token = int(k)
+        except ValueError:
+            raise _bad(f"'logit_bias' keys must be token ids, got {k!r}", "logit_bias") from None
+        try:
+            out[token] = check.real(f"'logit_bias[{k}]'", bias)
+        except ValueError as e:
+            raise _bad(str(e), "logit_bias") from None
+    return out or None
+
+
+def _response_format(v) -> StructuredOutputs | None:
+    """OpenAI's response_format: {"type": "text"}, {"type": "json_object"}, or {"type": "json_schema",
+    "json_schema": {"name": ..., "schema": {...}, "strict": ...}}."""
+    if v is None:
+        return None
+    kind = v.get("type") if isinstance(v, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return StructuredOutputs(json_object=True)
+    if kind == "json_schema":
+        spec = v.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise _bad("response_format json_schema needs 'json_schema': {'schema': {...}}", "response_format")
+        try:
+            return StructuredOutputs(json=schema)
+        except ValueError as e:
+            raise _bad(str(e), "response_format") from None
+    raise _bad(f"'response_format' must have type 'text', 'json_object' or 'json_schema', got {v!r}", "response_format")
 
 
 def _prompt(body: dict):
@@ -216,17 +332,22 @@ def _prompt(body: dict):
 
 def parse_completion(body: Any, headers=None) -> GenerationRequest:
     """`POST /v1/completions` body -> GenerationRequest (ProtocolError 400 when malformed)."""
-    _check_fields(body, COMPLETION_FIELDS)
-    if body.get("logprobs") is not None:
-        raise _bad(f"'logprobs'={body['logprobs']!r} is not supported (accepted: null)", "logprobs")
-    return _common(body, headers, "completion", _prompt(body), _get_int(body, "max_tokens", 16))
+    _check_fields(body, COMPLETION_FIELDS, _COMPLETION_INERT)
+    req = _common(body, headers, "completion", _prompt(body), _get_int(body, "max_tokens", 16))
+    req.logprobs = _get_int(body, "logprobs", None)
+    req.best_of = _get_int(body, "best_of", None)
+    if req.stream and req.best_of is not None and req.best_of != req.n:
+        raise _bad("best_of != n cannot be streamed: the best samples are known only at the end", "best_of")
+    return req
 
 
 def parse_chat(body: Any, headers=None) -> tuple[GenerationRequest, list[dict]]:
     """`POST /v1/chat/completions` body -> (GenerationRequest without its prompt yet, the messages)."""
-    _check_fields(body, CHAT_FIELDS)
-    if body.get("logprobs") not in (None, False):
-        raise _bad(f"'logprobs'={body['logprobs']!r} is not supported (accepted: false)", "logprobs")
+    _check_fields(body, CHAT_FIELDS, _CHAT_INERT)
+    logprobs = _get_bool(body, "logprobs", False)
+    top = _get_int(body, "top_logprobs", None)
+    if top is not None and not logprobs:
+        raise _bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise _bad("'messages' must be a non-empty list", "messages")
@@ -249,4 +370,6 @@ def parse_chat(body: Any, headers=None) -> tuple[GenerationRequest, list[dict]]:
     max_tokens = _get_int(body, "max_completion_tokens", None)
     if max_tokens is None:
         max_tokens = _get_int(body, "max_tokens", None)
-    return _common(body, headers, "chat", "", max_tokens), out
+    req = _common(body, headers, "chat", "", max_tokens)
+    req.logprobs = (top or 0) if logprobs else None
+    return req, out

@@ -2,14 +2,15 @@
 
     time = intercept[bucket] + sum_k coef[k] * feature[k]
 
-The intercept per token bucket is the cost of the padded step itself (the dense layers run on every padded token,
-so a bucket's cost is nearly fixed); the shared coefficients add what varies within a bucket: per real token, per
-sequence (slots, sampling), attention (per context token read and per (query, key) pair computed), and per byte
-of KV swapped. Bucket 0 is a swap-only step. Fitted by least squares over all steps at once (columns scaled to
-unit maximum), with the shared coefficients kept >= 0 (a feature whose coefficient would be negative is dropped
-and the rest refitted); then steps far off that fit (the machine's hiccups) are left out and the rest fitted again.
-A bucket never seen in calibration gets an intercept linearly interpolated (or extrapolated) in the bucket size
-from the seen ones.
+The intercept per token bucket is the cost of the padded step itself (the dense layers run on every padded token, so
+a bucket's cost is nearly fixed); the shared coefficients add what varies within a bucket: per real token, per
+sequence (slots, sampling), attention (per context token read and per (query, key) pair computed), and per byte of
+KV swapped. (Pages copied on write within the device, StepFeatures.copy_bytes, are not fitted: a page copy is a few
+microseconds of HBM traffic, below what a calibration resolves.) Bucket 0 is a swap-only step. Fitted by least
+squares over all steps at once (columns scaled to unit maximum), with the shared coefficients kept >= 0 (a feature
+whose coefficient would be negative is dropped and the rest refitted); then steps far off that fit (the machine's
+hiccups) are left out and the rest fitted again. A bucket never seen in calibration gets an intercept linearly
+interpolated (or extrapolated) in the bucket size from the seen ones.
 
 The intercepts are partially pooled: intercept[b] = a + c * b + d[b], a line in the bucket size (the padded dense
 work) plus a per-bucket deviation d[b] shrunk toward 0 as if each bucket had SHRINK_STEPS more steps on the line

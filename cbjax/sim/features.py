@@ -15,6 +15,7 @@ FEATURE_NAMES = (
     "max_context",
     "attention_pairs",
     "swap_bytes",
+    "copy_bytes",
 )
 
 
@@ -23,7 +24,8 @@ class StepFeatures:
     """One step, as numbers. A decode is a sequence computing one token; any longer chunk is prefill (a prompt
     chunk or a recompute). `sum_context` / `max_context` are over the context lengths after the step (what the
     attention reads); `attention_pairs` is the number of (query, key) pairs the attention computes, sum over
-    sequences of new_tokens * (computed + (new_tokens + 1) / 2). `swap_bytes` is the KV copied out plus in."""
+    sequences of new_tokens * (computed + (new_tokens + 1) / 2). `swap_bytes` is the KV copied out plus in;
+    `copy_bytes` the KV pages copied within the device before the step (copy-on-write, core/sequence_group.py)."""
 
     padded_tokens: int = 0  # the token bucket the step is padded to (0: a swap-only step)
     num_tokens: int = 0
@@ -35,6 +37,7 @@ class StepFeatures:
     max_context: int = 0
     attention_pairs: float = 0.0
     swap_bytes: int = 0
+    copy_bytes: int = 0
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name in FEATURE_NAMES}
@@ -69,4 +72,5 @@ def step_features(out: SchedulerOutput, padded_tokens: int, bytes_per_page: int)
         max_context=max_ctx,
         attention_pairs=pairs,
         swap_bytes=(len(out.swap_out) + len(out.swap_in)) * bytes_per_page,
+        copy_bytes=len(out.page_copies) * bytes_per_page,
     )

@@ -9,6 +9,7 @@ FLOPs:  2 * padded tokens * (matmul parameters per layer) * layers (the engine p
         + 2 * hidden * vocab per sampling sequence (the LM head runs only on each sequence's last token)
 bytes:  the weights once per step (every layer's matmuls and the LM head)
         + the KV of every context token read, and of every new token written
+        + each page copied on write (core/sequence_group.py) read and written once
         + activations: per padded token and layer, the hidden state, q/k/v, the attention output and the MLP's
           intermediates, each written and read once
 Memory: `kv_pages` gives the KV pages that fit in HBM * memory_utilization after the weights.
@@ -129,6 +130,7 @@ class RooflineCost:
             self.step_weight_bytes
             + self.kv_bytes_per_token * (f.sum_context + f.num_tokens)
             + self.act_bytes_per_token * f.padded_tokens
+            + 2 * f.copy_bytes  # copy-on-write: each copied page is read and written once
         )
         return max(flops / self.flops_per_s, nbytes / self.bytes_per_s) + self.overhead_s + swap
 

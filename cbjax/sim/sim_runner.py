@@ -72,6 +72,7 @@ class SimRunner:
         self.simulated_s = 0.0  # sum of the step costs
         self.swap_out_bytes_total = 0
         self.swap_in_bytes_total = 0
+        self.num_copied_pages = 0  # copy-on-write (core/sequence_group.py): priced in the step (copy_bytes)
         self.last_step: SimStepHandle | None = None
         forbidden = {t for t in (eos_token_id, *stop_token_ids) if t is not None}
         self._ids = [t for t in range(min(vocab_size, 4096)) if t not in forbidden and t >= 3] or [0]
@@ -137,6 +138,7 @@ class SimRunner:
         padded = self.buckets.token_bucket(out.num_batched_tokens) if out.seqs else 0
         _, out_bytes, in_bytes = self.swap(out.swap_out, out.swap_in)
         features = step_features(out, padded, self.kv_bytes_per_page)
+        self.num_copied_pages += len(out.page_copies)
         tokens = self._tokens(out)
         # A block of N decode steps costs N times its first step (its contexts grow by at most N - 1 tokens).
         cost = self.cost_model.step_time(features) * out.num_steps

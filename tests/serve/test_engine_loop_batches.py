@@ -48,8 +48,9 @@ def test_a_steps_token_events_arrive_in_one_call_per_event_loop():
         loop.stop()
     for events, want in zip(streams, expected):
         assert events[0] == ("accepted", None)
-        assert [t for e in events[1:] for t in e[1]] == want
-        assert [e[2] for e in events[1:]] == [None] * (len(events) - 2) + ["length"]
+        assert [t for e in events[1:] for d in e[1] for t in d.new_ids] == want
+        assert [d.finish_reason for e in events[1:] for d in e[1]] == [None] * (len(events) - 2) + ["length"]
+        assert [e[2] is None for e in events[1:]] == [True] * (len(events) - 2) + [False]  # the final outputs
     batches = [c for c in calls if c is not None]
     num_events = sum(len(events) - 1 for events in streams)
     assert sum(len(b) for b in batches) == num_events

@@ -35,10 +35,18 @@ def test_openai_defaults_and_extensions():
     ("body", "param", "words"),
     [
         ({"prompt": "x", "foo": 1}, "foo", "unknown field"),
-        ({"prompt": "x", "n": 2}, "n", "not supported"),
-        ({"prompt": "x", "n": True}, "n", "not supported"),
-        ({"prompt": "x", "logprobs": 1}, "logprobs", "not supported"),
-        ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty", "not supported"),
+        ({"prompt": "x", "echo": True}, "echo", "not supported"),
+        ({"prompt": "x", "n": True}, "n", "integer"),
+        ({"prompt": "x", "logprobs": "5"}, "logprobs", "integer"),
+        ({"prompt": "x", "presence_penalty": "high"}, "presence_penalty", "number"),
+        ({"prompt": "x", "logit_bias": {"a": 1}}, "logit_bias", "token ids"),
+        ({"prompt": "x", "logit_bias": {"5": "a"}}, "logit_bias", "number"),
+        ({"prompt": "x", "logit_bias": [5]}, "logit_bias", "object"),
+        ({"prompt": "x", "bad_words": ["ok", 3]}, "bad_words", "strings"),
+        ({"prompt": "x", "response_format": {"type": "xml"}}, "response_format", "json_schema"),
+        ({"prompt": "x", "response_format": {"type": "json_schema"}}, "response_format", "schema"),
+        ({"prompt": "x", "best_of": 3, "stream": True}, "best_of", "streamed"),
+        ({"prompt": "x", "top_logprobs": 2}, "top_logprobs", "not supported"),
         ({"prompt": "x", "max_tokens": 1.5}, "max_tokens", "integer"),
         ({"prompt": "x", "max_tokens": True}, "max_tokens", "integer"),
         ({"prompt": "x", "temperature": "hot"}, "temperature", "number"),
@@ -54,6 +62,43 @@ def test_bad_completion_bodies_name_the_field(body, param, words):
         parse_completion(body)
     assert e.value.status == 400 and e.value.param == param and words in e.value.message
     assert set(e.value.body()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_every_sampling_option_is_parsed_to_its_python_value():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    r = parse_completion(
+        {
+            "prompt": "x",
+            "n": 2,
+            "best_of": 3,
+            "logprobs": 4,
+            "presence_penalty": 0.5,
+            "frequency_penalty": -0.5,
+            "repetition_penalty": 1.2,
+            "min_tokens": 3,
+            "logit_bias": {"7": 5, "9": -100.0},
+            "bad_words": ["import"],
+            "stop": ["\n\n", "def"],
+            "include_stop_str_in_output": True,
+            "seed": 11,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+        }
+    )
+    assert (r.n, r.best_of, r.logprobs, r.seed) == (2, 3, 4, 11)
+    assert (r.presence_penalty, r.frequency_penalty, r.repetition_penalty, r.min_tokens) == (0.5, -0.5, 1.2, 3)
+    assert r.logit_bias == {7: 5.0, 9: -100.0} and r.bad_words == ("import",) and r.stop == ("\n\n", "def")
+    assert r.include_stop_str_in_output and r.structured.json == schema
+    assert parse_completion({"prompt": "x", "response_format": {"type": "json_object"}}).structured.json_object
+    assert parse_completion({"prompt": "x", "response_format": {"type": "text"}}).structured is None
+    assert parse_completion({"prompt": "x"}).logprobs is None
+    msgs = [{"role": "user", "content": "x"}]
+    assert parse_chat({"messages": msgs, "logprobs": True, "top_logprobs": 3})[0].logprobs == 3
+    assert parse_chat({"messages": msgs, "logprobs": True})[0].logprobs == 0
+    assert parse_chat({"messages": msgs, "logprobs": False})[0].logprobs is None
+    for bad, param in (({"top_logprobs": 2}, "top_logprobs"), ({"best_of": 2}, "best_of")):
+        with pytest.raises(ProtocolError) as e:
+            parse_chat({"messages": msgs, **bad})
+        assert e.value.param == param
 
 
 def test_not_an_object():

@@ -330,3 +330,30 @@ def test_the_simulator_refuses_logprobs_and_serves_penalties():
             engine.add_request("x", [5, 6, 7], sp)
     outs = run(engine, [("pen", [5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True, repetition_penalty=1.3))])
     assert len(outs["pen"].outputs[0].token_ids) == 4
+
+
+class OnlyToken(EvenOnly):
+    """A TokenConstraint allowing one token id (a grammar that is complete and allows only its end)."""
+
+    def __init__(self, token):
+        super().__init__()
+        self.token = token
+
+    def fill_bitmask(self, row):
+        row[:] = 0
+        row[self.token >> 5] = np.int32(np.uint32(1 << (self.token & 31)).view(np.int32))
+
+    def accept(self, tokens):
+        assert all(t == self.token for t in tokens), tokens
+        self.accepted += list(tokens)
+
+
+def test_a_constraint_that_allows_only_a_banned_token_wins_over_min_tokens(rules_engine, monkeypatch):
+    """min_tokens bans the stop id, the constraint allows nothing else: the row samples what the constraint allows
+    (the stop id, ending the output) instead of a token nothing allows."""
+    stop = 5
+    monkeypatch.setattr(engine_module, "request_constraint", lambda *args: OnlyToken(stop))
+    only = StructuredOutputs(regex="x")  # (any spec: the patched engine builds OnlyToken for it)
+    sp = SamplingParams(max_tokens=8, min_tokens=6, temperature=0.0, stop_token_ids=(stop,), structured=only)
+    out = run(rules_engine, [("c", prompts(1, seed=3)[0], sp)])["c"]
+    assert out.error is None and out.outputs[0].token_ids == [stop] and out.outputs[0].finish_reason == "stop"

@@ -72,3 +72,16 @@ def test_a_model_without_a_tokenizer_refuses_structured_output():
     engine = LLMEngine("test-tiny", max_num_seqs=2, max_num_batched_tokens=16, page_size=8, num_pages=8, warmup="none")
     with pytest.raises(ValueError, match="request 'r': structured output needs the model's tokenizer"):
         engine.add_request("r", [5, 6], SamplingParams(structured=StructuredOutputs(json_object=True)))
+
+
+def test_a_complete_grammar_ends_the_output_before_min_tokens(engine):
+    """min_tokens bans EOS, but once the grammar is complete EOS is all it allows: the grammar wins (the output
+    ends with EOS, a valid choice) rather than the row allowing nothing. (tinypy's EOS is id 0, which an empty row
+    would also give: tests/runner/test_sampling_extras.py checks the rule itself with a token that is not 0.)"""
+    spec = StructuredOutputs(choice=["yes", "no"])
+    engine.add_request("m", "answer = ", SamplingParams(max_tokens=16, min_tokens=12, temperature=0.0, structured=spec))
+    done = drain(engine)["m"]
+    tokens = done.outputs[0].token_ids
+    assert done.error is None and done.outputs[0].finish_reason == "stop"
+    assert tokens[-1] == EOS and len(tokens) < 12
+    assert engine.tokenizer.decode(tokens[:-1]) in ("yes", "no")

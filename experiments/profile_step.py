@@ -1,7 +1,8 @@
 """Where a step's time goes, per token bucket: matmuls, attention, LM head, sampling and host packing, and the
 step's achieved GFLOP/s against a bare matmul of the same shape measured in the same sitting.
 
-  python -m experiments.profile_step --model llama-small [--matmul_dtype bfloat16] [--cpu_matmul xla] [--rounds 5]
+  python -m experiments.profile_step --model llama-small [--matmul_dtype bfloat16] [--kv_cache_dtype bfloat16]
+      [--cpu_matmul xla] [--rounds 5]
 
 Each step is synthetic and packed by the engine's own pack_step: `prefill:T` (prompts of min(T, 512) tokens filling
 the T-token bucket), `decode:B:C` (B sequences decoding one token at context C), `mixed:T:B:C` (B decodes plus one
@@ -56,6 +57,7 @@ flags.DEFINE_integer("max_num_seqs", 256, "slots")
 flags.DEFINE_integer("max_model_len", 2048, "page-table width")
 flags.DEFINE_integer("rounds", 5, "interleaved timing rounds")
 flags.DEFINE_string("matmul_dtype", None, "the linear layers' dtype (ModelConfig.matmul_dtype)")
+flags.DEFINE_string("kv_cache_dtype", "auto", "the KV pages' dtype, as the engine option (auto: the model's dtype)")
 flags.DEFINE_string("cpu_matmul", "auto", "auto | packed | xla: the linears' matmul, as the engine option")
 flags.DEFINE_string("doc_data", None, "also write a data file for the docs: one run per step and round")
 FLAGS = flags.FLAGS
@@ -110,7 +112,9 @@ def _runner(model, num_pages, buckets):
 
     return build_model_runner(
         model,
-        cache=CacheConfig(page_size=PAGE_SIZE, num_pages=num_pages, num_host_pages=0),
+        cache=CacheConfig(
+            page_size=PAGE_SIZE, num_pages=num_pages, num_host_pages=0, kv_cache_dtype=FLAGS.kv_cache_dtype
+        ),
         compilation=CompilationConfig(attention_backend="xla"),
         parallel=ParallelConfig(),
         speculative=None,

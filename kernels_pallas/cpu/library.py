@@ -58,6 +58,7 @@ SOURCE_NAMES = (
     "build_info.cc",
     "decode_attention.cc",
     "gemm.cc",
+    "kv_write.cc",
     "prefill_attention.cc",
     "work_queue.h",
 )
@@ -73,15 +74,16 @@ _SYMBOL = "CbjaxCpuRaggedAttention"  # the attention's handler (attention_ffi.cc
 _LIBRARY_PREFIX = "cpu_kernels-"  # + the build options, the build key's hash + ".so", in the cache directory
 # Libraries built at install time (setup.py), named as in the cache; read-only at run time.
 PREBUILT_DIR = _HERE / "prebuilt"
-# The packed matmul's handlers (gemm.cc): state key -> (symbol, FFI target prefix).
-_GEMM_SYMBOLS = {
+# The other handlers (gemm.cc: the packed matmul; kv_write.cc): state key -> (symbol, FFI target prefix).
+_HANDLER_SYMBOLS = {
     "gemm_target": ("CbjaxCpuPackedGemm", "cbjax_cpu_gemm"),
     "gemm_argmax_target": ("CbjaxCpuPackedGemmArgmax", "cbjax_cpu_gemm_argmax"),
     "gemm_bf16_target": ("CbjaxCpuPackedGemmBf16", "cbjax_cpu_gemm_bf16"),
     "gemm_argmax_bf16_target": ("CbjaxCpuPackedGemmArgmaxBf16", "cbjax_cpu_gemm_argmax_bf16"),
+    "kv_write_target": ("CbjaxCpuWriteKvRows", "cbjax_cpu_kv_write"),
 }
 _lock = threading.Lock()
-_state: dict = {}  # "lib", "target" and _GEMM_SYMBOLS' keys once registered; "error" once failed
+_state: dict = {}  # "lib", "target" and _HANDLER_SYMBOLS' keys once registered; "error" once failed
 # Libraries loaded and registered by this process, by path: fresh_state() forgets _state, and entering it again
 # reuses these rather than registering the same targets with jax twice.
 _loaded: dict[pathlib.Path, dict] = {}
@@ -261,7 +263,7 @@ def _register(path: pathlib.Path, digest: str) -> None:
         lib = ctypes.cdll.LoadLibrary(str(path))
         entry = {"lib": lib, "path": path, "target": f"cbjax_cpu_attention_{digest}"}
         jax.ffi.register_ffi_target(entry["target"], jax.ffi.pycapsule(getattr(lib, _SYMBOL)), platform="cpu")
-        for key, (symbol, prefix) in _GEMM_SYMBOLS.items():
+        for key, (symbol, prefix) in _HANDLER_SYMBOLS.items():
             entry[key] = f"{prefix}_{digest}"
             jax.ffi.register_ffi_target(entry[key], jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
         bits = lib.CbjaxCpuKernelsBuildInfo()
@@ -352,6 +354,14 @@ def gemm_target(argmax: bool = False, bf16: bool = False) -> str | None:
     if _ensure(build=True) is None:
         return None
     return _state.get(f"gemm{'_argmax' if argmax else ''}{'_bf16' if bf16 else ''}_target")
+
+
+def kv_write_target() -> str | None:
+    """The registered FFI target of the in-place KV row write (kv_write.cc, kernels_pallas/kv_write.py), building
+    the library first if needed; None if it is unavailable (see `unavailable_reason`)."""
+    if _ensure(build=True) is None:
+        return None
+    return _state.get("kv_write_target")
 
 
 @contextlib.contextmanager

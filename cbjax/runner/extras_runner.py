@@ -15,7 +15,7 @@ What is computed on the host, at pack time, for a row:
   returns a bad id, a bad bias or too many finite biases, fails its request: Request.error is set here and the
   engine aborts the request when the step's tokens arrive; the step and the other requests go on.
 Bad words of several tokens, processors and constraints read the request's previous outputs: the engine receives a
-step holding such a request before it schedules the next (LLMEngine._step), so they are known on the host.
+step holding such a request before it schedules the next (in LLMEngine.step), so they are known on the host.
 
 Penalties count each request's output tokens in a device table [R, V] (R = max_num_seqs + 1; the last row stays
 zeros for rows without penalties), next to a table of its prompt's tokens: a request gets a row the first time it
@@ -74,9 +74,10 @@ class SamplingExtras:
         self.num_logprobs = max(1, max_logprobs)
         V = self.vocab_size = cfg.vocab_size
         self.mask_words = -(-V // 32)
-        R = buckets.max_num_seqs + 1
-        self.counts = placement.put(jnp.zeros((R, V), jnp.int32))
-        self.prompt_seen = placement.put(jnp.zeros((R, V), bool))
+        self.num_rows = R = buckets.max_num_seqs + 1
+        # The penalty tables, [R, V] each (41 MB at R = 257, V = 32k): allocated when the first extras row is
+        # sampled or a row initialised (`_tables`), so an engine whose requests never ask for extras holds none.
+        self.counts = self.prompt_seen = None
         self.row_of: dict[Request, int] = {}
         self.free_rows = list(range(R - 1))
         self.prompt_lengths = token_buckets(16, buckets.pages_per_seq * buckets.page_size)
@@ -95,7 +96,7 @@ class SamplingExtras:
             hidden = self.placement.put(jnp.zeros((S, self.cfg.hidden_size), jnp.dtype(self.cfg.dtype)))
             rows = self._empty_rows(S)
             jax.block_until_ready(self._sample(params, hidden, plain, rows))
-        dummy = self.counts.shape[0] - 1  # stays zeros
+        dummy = self.num_rows - 1  # stays zeros
         self._set_row(dummy, np.zeros(self.vocab_size, np.int32), np.zeros(self.vocab_size, bool))
         for L in self.prompt_lengths:
             jax.block_until_ready(self._score(params, np.zeros((1, L), np.int32)))
@@ -230,7 +231,7 @@ class SamplingExtras:
 
     def _empty_rows(self, S: int, host: bool = False) -> ExtrasRows:
         E, W = MAX_SPARSE_BIASES, self.mask_words
-        dummy = self.counts.shape[0] - 1
+        dummy = self.num_rows - 1
         rows = ExtrasRows(
             active=np.zeros(S, np.int32),
             wants_logprobs=np.zeros(S, np.int32),
@@ -257,7 +258,13 @@ class SamplingExtras:
         return tokens
 
     # ---- the programs (each call counts its compile, if any, for the runner) ----------------------------------
+    def _tables(self) -> None:
+        if self.counts is None:
+            R, V, put = self.num_rows, self.vocab_size, self.placement.put
+            self.counts, self.prompt_seen = put(jnp.zeros((R, V), jnp.int32)), put(jnp.zeros((R, V), bool))
+
     def _sample(self, params, hidden, plain, rows):
+        self._tables()
         with self.compiles.counting():
             merged, logprobs, self.counts = extras_sampler(
                 params,
@@ -272,6 +279,7 @@ class SamplingExtras:
         return merged, logprobs
 
     def _set_row(self, row: int, counts: np.ndarray, seen: np.ndarray) -> None:
+        self._tables()
         with self.compiles.counting():
             self.counts, self.prompt_seen = set_penalty_row(self.counts, self.prompt_seen, np.int32(row), counts, seen)
 

@@ -313,7 +313,7 @@ def _processor_biases(f, previous: list[int], V: int):
 def check_request(params, *, compilation, vocab_size: int, speculative: bool, simulated: bool) -> None:
     """The limits of the sampling extras that depend on the engine (ValueError naming the problem): logprobs and
     prompt_logprobs up to compilation.max_logprobs; logit_bias ids in the vocabulary, at most MAX_SPARSE_BIASES;
-    no extras with speculative decoding (its verification samples drafts without them); the simulator (no logits)
+    with speculative decoding, structured output only (`speculation_refuses`); the simulator (no logits)
     serves no logprobs and no structured output (its tokens are not a model's), and treats the other extras as
     free (they change which token, not the step's cost)."""
     for name in ("logprobs", "prompt_logprobs"):
@@ -330,8 +330,26 @@ def check_request(params, *, compilation, vocab_size: int, speculative: bool, si
     for token, _ in bias:
         if token >= vocab_size:
             raise ValueError(f"logit_bias token id {token} is outside the vocabulary [0, {vocab_size})")
-    if speculative and params.needs_sampling_extras:
+    refused = speculation_refuses(params) if speculative else []
+    if refused:
         raise ValueError(
-            "sampling extras (logprobs, penalties, min_tokens, bad words, logit bias, logits processors, structured "
-            "output) are not supported with speculative decoding (speculative_config) yet"
+            f"{', '.join(refused)} {'is' if len(refused) == 1 else 'are'} not supported with speculative decoding "
+            "(speculative_config); of the sampling "
+            "extras only structured output is"
         )
+
+
+def speculation_refuses(params) -> list[str]:
+    """The sampling extras a speculative engine refuses (all but structured output, whose mask is applied at every
+    verify row: cbjax/runner/speculation/constrained_verify.py): verification samples drafts without them."""
+    asked = {
+        "logprobs": params.logprobs is not None,
+        "presence_penalty": bool(params.presence_penalty),
+        "frequency_penalty": bool(params.frequency_penalty),
+        "repetition_penalty": params.repetition_penalty != 1.0,
+        "min_tokens": bool(params.min_tokens),
+        "bad_words": bool(params.bad_words),
+        "logit_bias": bool(params.logit_bias),
+        "logits_processors": bool(params.logits_processors),
+    }
+    return [name for name, on in asked.items() if on]

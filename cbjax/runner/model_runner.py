@@ -27,6 +27,7 @@ from cbjax.runner.kv_cache import num_device_pages
 from cbjax.runner.kv_swap import HostKVPool
 from cbjax.runner.page_copy import PageCopier
 from cbjax.runner.placement import PlacedParams, Placement
+from cbjax.runner.speculation.constrained_verify import ConstrainedVerifier
 from cbjax.runner.speculation.draft_runner import DraftRunner
 from cbjax.runner.speculation.verification import Speculation
 from cbjax.runner.speculation.verify_rows import verified_tokens
@@ -103,6 +104,18 @@ class ModelRunner:
         self.timed: Callable[[str], AbstractContextManager] | None = None
         self.on_dispatch: Callable[[StepHandle], None] | None = None
         self.extras = extras
+        # A verifying step that holds a structured-output request runs the masked variant (constrained_verify.py).
+        self.constrained_verify = None
+        if speculation is not None and extras is not None:
+            self.constrained_verify = ConstrainedVerifier(
+                graphdef=self.graphdef,
+                speculation=speculation,
+                backend=backend,
+                interpret=interpret,
+                mesh=self.mesh,
+                vocab_size=self.cfg.vocab_size,
+                compiles=self.compiles,
+            )
         self.sample_hidden = None  # the last plain step's sample rows' hidden states [S, D], on the device
 
     def _families(self, num_scheduler_steps: int) -> tuple[ProgramFamily, ProgramFamily | None, ProgramFamily | None]:
@@ -239,6 +252,11 @@ class ModelRunner:
                 self.kv_caches = self.host_pool.warmup(self.kv_caches)
         if self.extras is not None and mode != "none":
             self.extras.warmup(self.params)
+            if self.constrained_verify is not None and self.extras.precompile:
+                inputs = [self._padding_input(T, True) for T in self.buckets.token_buckets]
+                self.kv_caches = self.constrained_verify.warmup(
+                    self.params, self.kv_caches, self.draft, inputs, self._no_pending
+                )
         if mode == "full":
             for programs in self._program_families:
                 programs.build_all()
@@ -302,12 +320,12 @@ class ModelRunner:
             timed = self.timed
             if timed is None:
                 inp, handle.order = self.packer.pack(out, verify)
-                handle.tokens = self.run_input(inp, verify)
+                handle.tokens = self._launch(out, inp, handle.order, verify)
             else:
                 with timed("pack"):
                     inp, handle.order = self.packer.pack(out, verify)
                 with timed("launch"):
-                    handle.tokens = self.run_input(inp, verify)
+                    handle.tokens = self._launch(out, inp, handle.order, verify)
             if self.extras is not None and out.num_steps == 1 and not verify:
                 handle.tokens, handle.extras = self.extras.after_step(
                     self.params, out, handle.order, inp, self.sample_hidden, handle.tokens
@@ -323,6 +341,16 @@ class ModelRunner:
         if self.on_dispatch is not None:
             self.on_dispatch(handle)
         return handle
+
+    def _launch(self, out: SchedulerOutput, inp: StepInput, order: list[int], verify: bool):
+        """Run a packed step; a verifying step holding a structured-output request on the masked variant."""
+        cv = self.constrained_verify
+        if verify and cv is not None and cv.needed(out.seqs):
+            tokens, self.kv_caches = cv.run(
+                self.params, self.kv_caches, self.draft, inp, self.pending_tokens, out.seqs, order
+            )
+            return tokens
+        return self.run_input(inp, verify)
 
     def fetch(self, handle: StepHandle) -> np.ndarray:
         """Wait for a dispatched step; returns one sampled token per scheduled sequence, in out.seqs order (ignored

@@ -61,20 +61,12 @@ def step_program(
     A plain step (neither) returns (tokens, sample_hidden, kv): sample_hidden [S, D] holds the final hidden state
     of each slot's last token, which the sampling extras (sampling_extras.py) turn into the logits of the rows that
     ask for logprobs, penalties or masks, in a program of their own (the plain step pays one small output)."""
-    module_def, treedef = graphdef.value
-    model = nnx.merge(module_def, jax.tree.unflatten(treedef, params))
-    inp = layout.unflatten(ints, floats, verify_rows, to_uint32=lambda x: jax.lax.bitcast_convert_type(x, jnp.uint32))
-    token_ids = jnp.where(inp.token_src >= 0, prev_tokens[jnp.maximum(inp.token_src, 0)], inp.token_ids)
-    draft_probs = None
-    if draft_graphdef is not None:
-        draft_def, draft_treedef = draft_graphdef.value
-        draft = nnx.merge(draft_def, jax.tree.unflatten(draft_treedef, draft_params))
-        G = kv_caches[0][0].shape[2]
-        drafts, probs, draft_kv = propose_drafts(
-            draft, draft_kv, token_ids, inp, speculation.max_drafts, G, backend, interpret
-        )
-        token_ids = with_drafts(token_ids, inp, drafts)
-        draft_probs = functools.partial(row_draft_probs, inp, probs)
+    max_drafts = None if speculation is None else speculation.max_drafts
+    model, inp, token_ids, probs, draft_kv = step_tokens(
+        params, kv_caches, ints, floats, verify_rows, prev_tokens, draft_params, draft_kv, layout, graphdef,
+        backend, interpret, max_drafts, draft_graphdef,
+    )  # fmt: skip
+    draft_probs = None if probs is None else functools.partial(row_draft_probs, inp, probs)
     if decode_steps > 1:
         run = lambda ids, positions, kv, md: model(ids, positions, kv, md, backend, interpret, mesh)
         rows, last, kv_caches = decode_block(model, kv_caches, inp, token_ids, decode_steps, prev_tokens.shape[0], run)
@@ -98,3 +90,26 @@ def step_program(
     if sample_hidden is not None:
         return tokens, sample_hidden, kv_caches
     return (tokens, kv_caches) if draft_graphdef is None else (tokens, kv_caches, draft_kv)
+
+
+def step_tokens(
+    params, kv_caches, ints, floats, verify_rows, prev_tokens, draft_params, draft_kv, layout, graphdef,
+    backend, interpret, max_drafts, draft_graphdef, first_allowed=None,
+):  # fmt: skip
+    """Inside a step's jit: the model, the step's input and its token ids (the previous step's sampled tokens
+    filled in; with a draft model, its proposals written after each verify row's context, `first_allowed` the mask
+    each slot's first draft is drawn under). Returns (model, inp, token_ids, draft probs q or None, draft_kv)."""
+    module_def, treedef = graphdef.value
+    model = nnx.merge(module_def, jax.tree.unflatten(treedef, params))
+    inp = layout.unflatten(ints, floats, verify_rows, to_uint32=lambda x: jax.lax.bitcast_convert_type(x, jnp.uint32))
+    token_ids = jnp.where(inp.token_src >= 0, prev_tokens[jnp.maximum(inp.token_src, 0)], inp.token_ids)
+    probs = None
+    if draft_graphdef is not None:
+        draft_def, draft_treedef = draft_graphdef.value
+        draft = nnx.merge(draft_def, jax.tree.unflatten(draft_treedef, draft_params))
+        G = kv_caches[0][0].shape[2]
+        drafts, probs, draft_kv = propose_drafts(
+            draft, draft_kv, token_ids, inp, max_drafts, G, backend, interpret, first_allowed
+        )
+        token_ids = with_drafts(token_ids, inp, drafts)
+    return model, inp, token_ids, probs, draft_kv

@@ -49,12 +49,15 @@ class Speculator:
         return self.step_drafts
 
     def drafts(self, req: Request, limit: int) -> list[int]:
-        """Up to min(step's k, limit) draft tokens continuing `req`'s context (every token of it known)."""
+        """Up to min(step's k, limit) draft tokens continuing `req`'s context (every token of it known); for a
+        structured-output request, only the leading ones its grammar accepts (`grammar_prefix`)."""
         k = min(self.step_drafts, limit)
         if k <= 0:
             return []
-        context = context_array(req) if getattr(self.proposer, "needs_context", True) else None
-        return self.proposer.propose(context, k)
+        if not getattr(self.proposer, "needs_context", True):  # a draft model's placeholders (DeviceDrafts)
+            return self.proposer.propose(None, k)
+        drafts = self.proposer.propose(context_array(req), k)
+        return drafts if req.constraint is None else grammar_prefix(req.constraint, drafts)
 
     def record(self, num_drafts: int, num_accepted: int) -> None:
         self.num_draft_tokens += num_drafts
@@ -104,6 +107,23 @@ class DeviceDrafts:
 
     def propose(self, context, k: int) -> list[int]:
         return [self.PLACEHOLDER] * k
+
+
+def grammar_prefix(constraint, drafts: list[int]) -> list[int]:
+    """The leading drafts a structured-output constraint (at the request's committed outputs) accepts, one by one:
+    the rest would be rejected by the verify rows' masks anyway (cbjax/runner/speculation/constrained_verify.py),
+    so they are not verified at all. The constraint is rolled back to where it was."""
+    taken = 0
+    try:
+        for token in drafts:
+            try:
+                constraint.accept([int(token)])
+            except ValueError:  # the grammar refuses it here
+                break
+            taken += 1
+    finally:
+        constraint.rollback(taken)
+    return list(drafts[:taken])
 
 
 def context_array(req: Request) -> np.ndarray:

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 from cbjax.model.llama import AttentionMetadata
 from cbjax.runner.sampler import argmax_last, gumbel_argmax, row_keys, sampling_logits
+from cbjax.runner.sampling_extras import unpack_bitmask
 from cbjax.runner.speculation.acceptance import DRAFT_STREAM
 
 
@@ -32,9 +33,14 @@ def own_token_index(inp):
     return inp.cu_q_lens[1:] - 1 - inp.verify.slot_num_drafts
 
 
-def propose_drafts(draft_model, draft_kv, token_ids, inp, max_drafts: int, page_size: int, backend: str, interpret):
+def propose_drafts(
+    draft_model, draft_kv, token_ids, inp, max_drafts: int, page_size: int, backend: str, interpret, first_allowed=None
+):
     """-> (drafts [S, K] int32, q [S, K, V] float32 (zeros when every request is greedy), updated draft KV).
-    `token_ids`: the step's flat tokens with pending tokens already in place; `inp` a StepInput with verify rows."""
+    `token_ids`: the step's flat tokens with pending tokens already in place; `inp` a StepInput with verify rows;
+    `first_allowed` [S, ceil(V / 32)] int32: a bitmask each slot's first draft is drawn under (structured output:
+    its grammar's mask at the committed outputs, constrained_verify.py; q is then the masked distribution it was
+    drawn from), None: no mask."""
     S, K, G, T = inp.kv_lens.shape[0], max_drafts, page_size, token_ids.shape[0]
     V = draft_model.cfg.vocab_size
     d = inp.verify.slot_num_drafts
@@ -58,6 +64,8 @@ def propose_drafts(draft_model, draft_kv, token_ids, inp, max_drafts: int, page_
         md = AttentionMetadata(slot_mapping, kv_lens, inp.page_indices, cu, inp.num_seqs)
         hidden, kv = draft_model(tokens, pos, kv, md, backend, interpret)
         logits = draft_model.logits(hidden)
+        if first_allowed is not None:
+            logits = jnp.where((i > 0) | unpack_bitmask(first_allowed, V), logits, -jnp.inf)
         greedy = argmax_last(logits)
 
         def sampled():

@@ -10,6 +10,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from cbjax.runner.sampling_extras import unpack_bitmask
 from cbjax.runner.speculation.acceptance import first_rejection
 
 # The LM head runs on the first `tier` rows, the smallest tier that holds the step's live rows (one compiled program
@@ -25,11 +26,13 @@ class Speculation:
     rule: object
 
 
-def head_and_verify(model, hidden, inp, token_ids, rule, max_drafts: int, draft_probs=None):
+def head_and_verify(model, hidden, inp, token_ids, rule, max_drafts: int, draft_probs=None, allowed=None):
     """hidden [T, D] -> [S, K + 2] int32 (see the module docstring). `token_ids`: the step's flat tokens as the
     model computed them (drafts a draft model proposed on the device included: each row's draft is read from
     there, the host's `row_draft` only says which rows have one); `draft_probs(rows)`: q at the first `rows` rows
-    [rows, V], for a rule that `uses_draft_probs` (a function: the rule computes it only when a row samples)."""
+    [rows, V], for a rule that `uses_draft_probs` (a function: the rule computes it only when a row samples);
+    `allowed` [R, ceil(V / 32)] int32: each row's token bitmask (structured output, constrained_verify.py), applied
+    to its logits before the rule (None: no mask)."""
     v = inp.verify
     R, K, T = v.row_idx.shape[0], max_drafts, token_ids.shape[0]
     row_draft = jnp.where(v.row_draft >= 0, token_ids[jnp.minimum(v.row_idx + 1, T - 1)], -1)
@@ -37,6 +40,8 @@ def head_and_verify(model, hidden, inp, token_ids, rule, max_drafts: int, draft_
     def rows(r: int):
         slot = v.row_slot[:r]
         logits = model.logits(hidden[v.row_idx[:r]])
+        if allowed is not None:
+            logits = jnp.where(unpack_bitmask(allowed[:r], logits.shape[1]), logits, -jnp.inf)
         params = (inp.temperature[slot], inp.top_k[slot], inp.top_p[slot], inp.seeds[slot], v.row_counter[:r])
         extra = (functools.partial(draft_probs, r),) if getattr(rule, "uses_draft_probs", False) else ()
         tokens, accepted = rule(logits, row_draft[:r], *params, *extra)

@@ -8,17 +8,23 @@ After `max_tokens` rounds the live beams join the finished ones and the best `be
 `cum_logprob / len(tokens) ** length_penalty` (tokens: the prompt and the output, less a final EOS; vLLM's
 `get_beam_search_score`) come back, best first.
 
-The beams of a prompt share their KV pages through the prefix cache, as in vLLM v1: with `enable_prefix_caching`
-each round's requests find the full pages of their common prefix already computed and only the last, partly
-filled page is recomputed. Beams that die simply do not come back; their pages return to the cache's LRU. (The
-sequence groups of n > 1, core/sequence_group.py, fork pages with copy-on-write instead; beams are not run as a
-group because their number of children per round is not known until the round's logprobs arrive.)
+The beams share their KV pages by forking (core/kv_fork.py): each round's requests keep their pages when they
+finish; a beam's children take references to them for the context they continue, and compute only their one new
+token (the partly filled last page copied on write by the first child that writes into it while another holds it).
+A beam that dies has no children: its pages go back to the pool when the round's parents are released. This needs
+an LLMEngine (its scheduler keeps the pages); on another engine (data-parallel, disaggregated) each round's
+requests compute their contexts, sharing only what the prefix cache holds, as vLLM v1 does. A child forks only into
+a free slot: with more beams than `max_num_seqs` the others wait and compute their context.
 """
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cbjax.config import validation as check
+from cbjax.core.kv_fork import admit_forked
+from cbjax.core.kv_handoff import KVHandoff
+from cbjax.core.request import Request
 from cbjax.core.sampling_params import SamplingParams
 
 
@@ -52,6 +58,8 @@ class BeamSearchSequence:
     logprobs: list[float] = field(default_factory=list)  # of each output token
     finished: bool = False
     text: str | None = None
+    # The finished request whose kept pages hold this beam's context but its last token (None: the prompt).
+    kv_source: Request | None = field(default=None, repr=False, compare=False)
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -72,9 +80,11 @@ def beam_search_score(beam: BeamSearchSequence, eos_token_id: int | None, length
     return beam.cum_logprob / (length**length_penalty)
 
 
-def beam_search(llm, prompts: Sequence, params: BeamSearchParams) -> list[BeamSearchOutput]:
+def beam_search(llm, prompts: Sequence, params: BeamSearchParams, share_pages: bool = True) -> list[BeamSearchOutput]:
     """Run beam search for each prompt (token ids, or text with a tokenizer) on `llm` (a cbjax.LLM); see the
-    module docstring. ValueError for a prompt the engine refuses (the whole call: a beam cannot be half run)."""
+    module docstring. ValueError for a prompt the engine refuses (the whole call: a beam cannot be half run).
+    `share_pages=False` turns the forking off (each round's beams compute their contexts: a baseline to measure
+    the sharing against)."""
     if not isinstance(params, BeamSearchParams):
         raise ValueError(f"params must be BeamSearchParams, got {type(params).__name__}")
     engine = llm.engine
@@ -90,33 +100,43 @@ def beam_search(llm, prompts: Sequence, params: BeamSearchParams) -> list[BeamSe
         live.append([BeamSearchSequence(list(ids), len(ids))])
     done: list[list[BeamSearchSequence]] = [[] for _ in live]
     rank = lambda b: beam_search_score(b, eos, params.length_penalty)
-    for _ in range(params.max_tokens):
-        beams = [b for group in live for b in group]
-        if not beams:
-            break
-        outputs = llm.generate([b.tokens for b in beams], one_token)
-        for out in outputs:
-            if out.error is not None:
-                raise ValueError(f"beam search: the engine refused a beam: {out.error}")
-        results = iter(outputs)
-        for i, group in enumerate(live):
-            candidates = []
-            for beam in group:
-                completion = next(results).outputs[0]
-                for token, lp in completion.logprobs[0].items():
-                    child = BeamSearchSequence(
-                        beam.tokens + [token],
-                        beam.num_prompt_tokens,
-                        beam.cum_logprob + lp.logprob,
-                        beam.logprobs + [lp.logprob],
-                    )
-                    if token == eos and not params.ignore_eos:
-                        child.finished = True
-                        done[i].append(child)
-                    else:
-                        candidates.append(child)
-            # (Stable sort: among equal scores the earlier beam's, then the more likely token's, candidate first.)
-            live[i] = sorted(candidates, key=rank, reverse=True)[:width]
+    rounds = _ForkedRounds(llm) if share_pages and _can_fork(engine) else None
+    try:
+        for _ in range(params.max_tokens):
+            beams = [b for group in live for b in group]
+            if not beams:
+                break
+            if rounds is not None:
+                outputs = rounds.run(beams, one_token)
+            else:
+                outputs = llm.generate([b.tokens for b in beams], one_token)
+                for out in outputs:
+                    if out.error is not None:
+                        raise ValueError(f"beam search: the engine refused a beam: {out.error}")
+            results = iter(outputs)
+            for i, group in enumerate(live):
+                candidates = []
+                for beam in group:
+                    out = next(results)
+                    completion = out.outputs[0]
+                    for token, lp in completion.logprobs[0].items():
+                        child = BeamSearchSequence(
+                            beam.tokens + [token],
+                            beam.num_prompt_tokens,
+                            beam.cum_logprob + lp.logprob,
+                            beam.logprobs + [lp.logprob],
+                            kv_source=None if rounds is None else rounds.request_of[out.request_id],
+                        )
+                        if token == eos and not params.ignore_eos:
+                            child.finished = True
+                            done[i].append(child)
+                        else:
+                            candidates.append(child)
+                # (Stable sort: among equal scores the earlier beam's, then the more likely token's, candidate first.)
+                live[i] = sorted(candidates, key=rank, reverse=True)[:width]
+    finally:
+        if rounds is not None:
+            rounds.close()
     results = []
     for group, finished in zip(live, done):
         best = sorted(finished + group, key=rank, reverse=True)[:width]
@@ -125,3 +145,72 @@ def beam_search(llm, prompts: Sequence, params: BeamSearchParams) -> list[BeamSe
                 b.text = tokenizer.decode(b.output_token_ids)
         results.append(BeamSearchOutput(best))
     return results
+
+
+def _can_fork(engine) -> bool:
+    """Whether `engine` is an LLMEngine whose scheduler can keep pages for forks (not already keeping them for
+    disaggregated serving)."""
+    sched = getattr(engine, "scheduler", None)
+    return sched is not None and hasattr(sched, "admit") and getattr(sched, "kv_handoff", "absent") is None
+
+
+class _ForkedRounds:
+    """Runs beam search's rounds on an LLMEngine with the beams' pages forked (see the module docstring): each
+    round's requests keep their pages when they finish; the next round's children share them."""
+
+    def __init__(self, llm):
+        self.llm, self.engine = llm, llm.engine
+        self.sched = self.engine.scheduler
+        self.handoff = self.sched.kv_handoff = KVHandoff(self.sched.pool)
+        self.request_of: dict[str, Request] = {}  # this round's requests by id
+        self.kept: list[Request] = []  # finished requests whose pages are kept (the last round's)
+
+    def run(self, beams: list[BeamSearchSequence], params: SamplingParams) -> list:
+        engine, handoff = self.engine, self.handoff
+        ids, self.request_of = [], {}
+        try:
+            for b in beams:
+                rid = f"beam-{self.llm.num_submitted}"
+                self.llm.num_submitted += 1
+                engine.add_request(rid, b.tokens, params)
+                req = engine.requests[rid]
+                handoff.hold(req)
+                if b.kv_source is not None:
+                    admit_forked(self.sched, req, b.kv_source, handoff.pages(b.kv_source))
+                ids.append(rid)
+                self.request_of[rid] = req
+        except ValueError as e:
+            self._abort(ids)
+            raise ValueError(f"beam search: the engine refused a beam: {e}") from None
+        self._release()  # the children hold their references: the parents' pages (dead beams' too) can go
+        results = {}
+        try:
+            while len(results) < len(ids):
+                for out in engine.step():
+                    if out.finished:
+                        results[out.request_id] = out
+        except BaseException:
+            self._abort(ids)
+            raise
+        self.kept = list(self.request_of.values())
+        return [results[rid] for rid in ids]
+
+    def close(self) -> None:
+        """Free the last round's kept pages and stop keeping pages."""
+        self._release()
+        self.sched.kv_handoff = None
+
+    def _release(self) -> None:
+        for req in self.kept:
+            if req in self.handoff.held:
+                self.handoff.release(req)
+        self.kept = []
+
+    def _abort(self, ids: list[str]) -> None:
+        for rid in ids:
+            req = self.engine.requests.get(rid)
+            if req is not None and not req.is_finished:
+                with contextlib.suppress(ValueError):
+                    self.engine.abort_request(rid)
+        self.kept += [r for r in self.request_of.values() if r in self.handoff.held]
+        self.close()

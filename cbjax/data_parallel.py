@@ -24,6 +24,16 @@ from cbjax.core.sampling_params import SamplingParams
 from cbjax.engine import LLMEngine
 
 
+def owed_tokens(engine: LLMEngine) -> int:
+    """Tokens an engine still owes its unfinished requests: prompt tokens to compute + outputs to generate (the load
+    a router reads)."""
+    return sum(
+        max(0, req.num_prompt_tokens - req.num_computed_tokens) + req.params.max_tokens - len(req.output_token_ids)
+        for req in engine.requests.values()
+        if not req.is_finished
+    )
+
+
 class DataParallelEngine:
     """`data_parallel_size` LLMEngine replicas of `model` (the same weights) sharing one clock. Engine options are
     LLMEngine's and apply to every replica (so `num_pages` is per replica). `router`: a name in ROUTERS
@@ -67,17 +77,8 @@ class DataParallelEngine:
         return collections.ChainMap(*(r.requests for r in self.replicas))
 
     def load(self) -> list[int]:
-        """Tokens each replica still owes its unfinished requests: prompt tokens to compute + outputs to generate."""
-        return [
-            sum(
-                max(0, req.num_prompt_tokens - req.num_computed_tokens)
-                + req.params.max_tokens
-                - len(req.output_token_ids)
-                for req in replica.requests.values()
-                if not req.is_finished
-            )
-            for replica in self.replicas
-        ]
+        """Tokens each replica still owes its unfinished requests (owed_tokens)."""
+        return [owed_tokens(replica) for replica in self.replicas]
 
     def add_request(
         self, request_id: str, prompt, params: SamplingParams | None = None, arrival_time=None, **kwargs

@@ -15,6 +15,8 @@ import jax
 from cbjax.bad_words import bad_word_token_ids
 from cbjax.config import validation as check
 from cbjax.core.clock import Clock
+from cbjax.core.host_prefix_cache import host_cache_counters
+from cbjax.core.kv_handoff import admit_prefilled
 from cbjax.core.outputs import CompletionOutput, RequestOutput
 from cbjax.core.request import FinishReason, Request, RequestStatus
 from cbjax.core.runner_contract import StepHandle
@@ -69,6 +71,7 @@ class LLMEngine:
         self.stop_strings = StopStrings(self.tokenizer, self.scheduler)  # the requests with stop strings
         self._decode = None if self.tokenizer is None else self.tokenizer.decode  # (bound once: read per output)
         self._pending: list[Request] = []  # finished outside a step (aborts) and not yet reported
+        self._adopted: list[Request] = []  # taken over by adopt_request, their first token not reported yet
         # Unfinished requests sampled with extras (cbjax/runner/extras_runner.py) -> how many of their outputs their
         # structured-output constraint has accepted.
         self._with_extras: dict[Request, int] = {}
@@ -196,6 +199,21 @@ class LLMEngine:
             raise ValueError("empty prompt")
         return tokens
 
+    def adopt_request(self, req: Request, num_pages: int) -> list[int] | None:
+        """Take over `req`, which another engine of the same model and options checked, prefilled and sampled the
+        first token of (disaggregated serving, cbjax/disaggregated.py): it joins the running set at once with
+        `num_pages` fresh pages, returned for the caller to write its KV into before the next step; its first token
+        is reported with the next step. None (nothing changed) when there is no room for it now
+        (core/kv_handoff.py admit_prefilled). Plain sampling only: no sequence groups, no sampling extras."""
+        pages = admit_prefilled(self.scheduler, req, num_pages)
+        if pages is not None:
+            self.requests[req.request_id] = req
+            self._adopted.append(req)
+            if req.params.stop:
+                self.stop_strings.track(req)
+                self.stop_strings.check([req])  # (its first token cannot complete one: its first engine checked)
+        return pages
+
     def abort_request(self, request_id: str) -> None:
         """Finish a queued or running request now (finish_reason "abort"; its pages go back to the pool); its final
         output comes with the next step(). ValueError for an id that is not an unfinished request."""
@@ -232,7 +250,8 @@ class LLMEngine:
     def _step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
         sched = self.scheduler
-        changed: list[Request] = []
+        changed: list[Request] = self._adopted  # (each counts as one token received: its first, made elsewhere)
+        self._adopted = []
         spec = sched.speculator
         if spec is not None and self._in_flight and spec.wants_drafts(spec.batch_size(sched)):
             changed += self._receive(0, t0)  # drafts are proposed from every token: let the last ones arrive
@@ -312,7 +331,8 @@ class LLMEngine:
             num_preemptions=sched.num_preemptions,
             recomputed_tokens=sched.num_recomputed_tokens,
             prefix_queried_tokens=sched.pool.queried_tokens,
-            prefix_hit_tokens=sched.pool.hit_tokens,
+            prefix_hit_tokens=sched.pool.hit_tokens,  # both tiers
+            **host_cache_counters(sched.host_cache),
         )
 
     def _outputs(self, changed: list[Request]) -> list[RequestOutput]:
@@ -388,6 +408,7 @@ class LLMEngine:
         self.step_records.append(
             dict(
                 time=self.clock.now(),
+                scheduled_time=out.time,
                 num_running=len(sched.running),
                 num_waiting=len(sched.waiting),
                 num_scheduled_seqs=len(out.seqs),

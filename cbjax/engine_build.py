@@ -129,7 +129,8 @@ def with_dtypes(mcfg: ModelConfig, config: EngineConfig) -> ModelConfig:
 def resolve_sizes(config: EngineConfig, mcfg: ModelConfig, kv_pages_of=None) -> EngineConfig:
     """The config with the sizes that depend on the model and the machine set: max_model_len (the model's limit when
     None), num_pages (what kv_cache_memory_gib holds; for a simulated accelerator, what its memory holds after the
-    weights: `kv_pages_of(page_size)`), num_host_pages (0 unless preemption is by swap). A pool larger than the
+    weights: `kv_pages_of(page_size)`), num_host_pages (0 unless preemption is by swap), num_host_cache_pages
+    (the prefix cache's host tier: 0 unless prefix caching is on). A pool larger than the
     memory that would hold it is refused here, before anything is allocated."""
     sched, cache, sim = config.scheduler, config.cache, config.sim.enabled
     max_model_len = sched.max_model_len or mcfg.max_position_embeddings
@@ -161,16 +162,30 @@ def resolve_sizes(config: EngineConfig, mcfg: ModelConfig, kv_pages_of=None) -> 
         num_host_pages = cache.num_host_pages
         if num_host_pages is None:
             num_host_pages = int(cache.swap_space_gib * 2**30) // page_bytes
+    num_host_cache_pages = 0  # the prefix cache's host tier (core/host_prefix_cache.py)
+    if cache.enable_prefix_caching:
+        num_host_cache_pages = cache.num_host_cache_pages
+        if num_host_cache_pages is None:
+            num_host_cache_pages = int(cache.host_cache_gib * 2**30) // page_bytes
     if not sim:  # (a simulated accelerator's pool is not this machine's memory)
         G = cache.page_size
         check_fits("KV cache (num_pages / kv_cache_memory_gib)", num_pages, G, page_bytes, device_memory_bytes())
         check_fits(
             "host swap pool (num_host_pages / swap_space_gib)", num_host_pages, G, page_bytes, host_memory_bytes()
         )
+        check_fits(
+            "host prefix cache (num_host_cache_pages / host_cache_gib)",
+            num_host_cache_pages,
+            G,
+            page_bytes,
+            host_memory_bytes(),
+        )
     return dataclasses.replace(
         config,
         scheduler=sched.replace(max_model_len=max_model_len),
-        cache=cache.replace(num_pages=num_pages, num_host_pages=num_host_pages),
+        cache=cache.replace(
+            num_pages=num_pages, num_host_pages=num_host_pages, num_host_cache_pages=num_host_cache_pages
+        ),
     )
 
 

@@ -13,16 +13,23 @@ from cbjax.engine_config import OFFLINE_OVERRIDES
 
 class LLM:
     """Offline batch generation on one engine. Options are LLMEngine's keywords (policy, max_num_seqs, ...);
-    `data_parallel_size` > 1 serves with that many replicas behind a router (cbjax/data_parallel.py).
+    `data_parallel_size` > 1 serves with that many replicas behind a router (cbjax/data_parallel.py);
+    `disaggregation={"prefill": P, "decode": D}` with P prefill and D decode engines (cbjax/disaggregated.py).
 
     `model` is anything LLMEngine takes; None (the default) is the packaged model (cbjax/assets, nothing downloaded).
     Its defaults are EngineConfig's with OFFLINE_OVERRIDES applied (cbjax/engine_config.py: blocks of decode steps,
     num_scheduler_steps=8, where LLMEngine's default is 1); pass num_scheduler_steps=1 for one step per dispatch.
     """
 
-    def __init__(self, model=None, *, data_parallel_size: int = 1, **engine_options):
+    def __init__(self, model=None, *, data_parallel_size: int = 1, disaggregation=None, **engine_options):
         engine_options = OFFLINE_OVERRIDES | engine_options
-        if check.integer("data_parallel_size", data_parallel_size, 1) == 1:
+        if disaggregation is not None:  # prefill and decode engines (cbjax/disaggregated.py)
+            from cbjax.disaggregated import DisaggregatedEngine
+
+            if data_parallel_size != 1:
+                raise ValueError("disaggregation and data_parallel_size > 1 do not combine (use prefill/decode counts)")
+            self.engine = DisaggregatedEngine(model, disaggregation=disaggregation, **engine_options)
+        elif check.integer("data_parallel_size", data_parallel_size, 1) == 1:
             self.engine = LLMEngine(model, **engine_options)
         else:  # replicas behind a router; router= and router_options= go with it (cbjax/data_parallel.py)
             from cbjax.data_parallel import DataParallelEngine
@@ -86,8 +93,8 @@ class LLM:
 
     def beam_search(self, prompts: Sequence, params: "BeamSearchParams") -> "list[BeamSearchOutput]":
         """Beam search for each prompt, as vLLM's LLM.beam_search (cbjax/beam_search.py): one output per prompt,
-        its best `params.beam_width` beams first. Construct the LLM with enable_prefix_caching=True so the beams
-        share their prefix's KV pages."""
+        its best `params.beam_width` beams first. The beams' KV pages are forked as they branch and freed as they
+        die (cbjax/core/kv_fork.py)."""
         return beam_search(self, prompts, params)
 
     def _run(self, results: dict[str, RequestOutput], total: int, use_tqdm: bool) -> None:

@@ -15,8 +15,9 @@ the pages copied on write, and the steps. The view (experiments/doc_views.py, `k
 
 Beam search (--beam_widths): LLM.beam_search (cbjax/beam_search.py) on the real engine (test-tiny: it needs the
 logprobs, which the simulator has not; the page counts do not depend on the model), --beam_requests of the prompts,
---beam_max_tokens rounds, EOS ignored. With sharing: the prefix cache on, so a round's beams hold their common
-prefix's full pages once; without: off, each beam's request holds its whole context. Its pages in use are counted
+--beam_max_tokens rounds, EOS ignored, the prefix cache off. With sharing: the beams' pages forked (core/kv_fork.py:
+a beam's children share its pages, the partly filled last one copied on write, a dead beam's pages freed); without
+(`share_pages=False`): each round's requests compute and hold their whole contexts. Its pages in use are counted
 as each step is dispatched (a round's one-token requests have left by the time the step's record is taken).
 """
 
@@ -84,8 +85,9 @@ def measure(prompts: list[list[int]], n: int, sharing: bool, max_tokens: int, pa
 
 
 def measure_beam(prompts: list[list[int]], width: int, sharing: bool, max_tokens: int, page_size: int) -> dict:
-    """One beam search over the prompts on the real engine, with the prefix cache (sharing) or without."""
+    """One beam search over the prompts on the real engine, with the beams' pages forked (sharing) or without."""
     from cbjax import LLM, BeamSearchParams
+    from cbjax.beam_search import beam_search
 
     longest = max(len(p) for p in prompts) + max_tokens
     seqs = len(prompts) * 2 * width  # a round's requests: every live beam of every prompt
@@ -96,7 +98,7 @@ def measure_beam(prompts: list[list[int]], width: int, sharing: bool, max_tokens
         page_size=page_size,
         max_model_len=-(-longest // page_size) * page_size,
         num_pages=seqs * -(-longest // page_size),
-        enable_prefix_caching=sharing,
+        enable_prefix_caching=False,
         sampling_extras=True,
         warmup="none",
     )
@@ -104,7 +106,8 @@ def measure_beam(prompts: list[list[int]], width: int, sharing: bool, max_tokens
     # their pages freed: count the pages in use as each step is dispatched instead.
     pool, used = llm.engine.scheduler.pool, []
     llm.engine.runner.on_dispatch = lambda handle: used.append(pool.num_used)
-    llm.beam_search(prompts, BeamSearchParams(beam_width=width, max_tokens=max_tokens, ignore_eos=True))
+    params = BeamSearchParams(beam_width=width, max_tokens=max_tokens, ignore_eos=True)
+    beam_search(llm, prompts, params, share_pages=sharing)
     assert llm.engine.scheduler.num_preemptions == 0
     return dict(
         workload="beam search",
@@ -112,7 +115,7 @@ def measure_beam(prompts: list[list[int]], width: int, sharing: bool, max_tokens
         sharing=sharing,
         peak_pages=max(used),
         mean_pages=float(np.mean(used)),
-        page_copies=0,  # (pages are shared through the prefix cache: nothing is copied)
+        page_copies=llm.engine.runner.page_copier.num_copied,
         steps=len(used),
         prompt_tokens=sum(len(p) for p in prompts),
         output_tokens=len(prompts) * width * max_tokens,
@@ -152,7 +155,7 @@ def main(argv):
         )
         what = (
             "KV pages in use with the prompt's pages shared by a request's n samples, against n separate requests; "
-            "and by beam search's beams through the prefix cache, against without it"
+            "and by beam search's beams forked, against beams that compute their own contexts"
         )
         write_data(FLAGS.doc_data, "kv_sharing", what, runs, load_before, options)
 

@@ -1,4 +1,6 @@
-"""Beam search (cbjax/beam_search.py) against a plain beam search over the full-sequence forward."""
+"""Beam search (cbjax/beam_search.py) against a plain beam search over the full-sequence forward, with the beams'
+pages forked (core/kv_fork.py) and without; the forks share pages, copy the partly filled one on write, and leak
+nothing."""
 
 import jax
 import jax.numpy as jnp
@@ -6,12 +8,13 @@ import numpy as np
 import pytest
 
 from cbjax import LLM, BeamSearchParams, SamplingParams
-from cbjax.beam_search import BeamSearchSequence, beam_search_score
+from cbjax.beam_search import BeamSearchSequence, beam_search, beam_search_score
 
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM("test-tiny", enable_prefix_caching=True, page_size=4, max_num_seqs=16, sampling_extras=True)
+    # No prefix cache: whatever the beams share, they share by forking.
+    return LLM("test-tiny", enable_prefix_caching=False, page_size=4, max_num_seqs=16, sampling_extras=True)
 
 
 def reference_beam_search(model, prompt, width, max_tokens, eos, length_penalty=1.0, ignore_eos=False):
@@ -33,12 +36,12 @@ def reference_beam_search(model, prompt, width, max_tokens, eos, length_penalty=
     return sorted(done + live, key=lambda b: score(*b), reverse=True)[:width]
 
 
-@pytest.mark.parametrize("width", [1, 3])
-def test_greedy_beam_search_equals_the_reference(llm, width):
+@pytest.mark.parametrize("width,share_pages", [(1, True), (3, True), (3, False)])
+def test_greedy_beam_search_equals_the_reference(llm, width, share_pages):
     engine = llm.engine
     prompts = [[5, 9, 2, 7, 1, 3], [11, 4, 8]]
     params = BeamSearchParams(beam_width=width, max_tokens=6, ignore_eos=True)
-    outputs = llm.beam_search(prompts, params)
+    outputs = beam_search(llm, prompts, params, share_pages=share_pages)
     eos = engine.model_config.eos_token_id
     for prompt, out in zip(prompts, outputs):
         ref = reference_beam_search(engine.model, prompt, width, 6, eos, ignore_eos=True)
@@ -50,12 +53,34 @@ def test_greedy_beam_search_equals_the_reference(llm, width):
         assert [o.sequences[0].output_token_ids for o in outputs] == [g.outputs[0].token_ids for g in greedy]
 
 
-def test_beams_share_their_prefix_pages(llm):
-    """With the prefix cache, a round's beams find their common prefix's pages computed."""
-    pool = llm.engine.scheduler.pool
-    hits = pool.hit_tokens
-    llm.beam_search([[3, 1, 4, 1, 5, 9, 2, 6, 5]], BeamSearchParams(beam_width=4, max_tokens=4, ignore_eos=True))
-    assert pool.hit_tokens - hits >= 3 * 4 * 8  # rounds 2..4: each of 4 beams found the prompt's 2 full pages
+def test_beams_fork_their_pages_and_free_them_as_they_die(llm):
+    """A 9-token prompt in pages of 4, width 4, 4 rounds: with forking, the pages in use at each step's dispatch
+    stay below those of beams that compute their own contexts; the partly filled last page is copied on write; the
+    results are the same; nothing is left held or leaked."""
+    engine = llm.engine
+    pool, copier = engine.scheduler.pool, engine.runner.page_copier
+    prompt, params = [3, 1, 4, 1, 5, 9, 2, 6, 5], BeamSearchParams(beam_width=4, max_tokens=4, ignore_eos=True)
+    used, beams = {}, {}
+    for share in (False, True):
+        used[share], copied = [], copier.num_copied
+        engine.runner.on_dispatch = lambda handle, share=share: used[share].append(pool.num_used)
+        try:
+            out = beam_search(llm, [prompt], params, share_pages=share)
+        finally:
+            engine.runner.on_dispatch = None
+        copies = copier.num_copied - copied
+        assert pool.num_free == pool.num_pages and engine.scheduler.kv_handoff is None
+        pool.check_consistent()
+        beams[share] = [b.tokens for b in out[0].sequences]
+        if share:
+            assert copies > 0, "children writing into their parent's partly filled page copy it"
+        else:
+            assert copies == 0
+    assert beams[True] == beams[False]
+    # Round 1 is the prompt alone (3 pages, one request). Rounds 2-4: 4 beams of 10-12 tokens (3 pages each) hold
+    # 12 pages without sharing; forked, they share the prompt's 2 full pages.
+    assert used[False][0] == used[True][0] == 3
+    assert max(used[True]) < max(used[False]) == 12, used
 
 
 def test_score_and_bad_params():

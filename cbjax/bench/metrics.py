@@ -108,7 +108,7 @@ class StepRecord:
     """One engine step. `num_preemptions` is the preemptions *in this step*; `compiles` is the runner's running
     count of compilations so far (a counter, so the summary takes its last value)."""
 
-    time: float
+    time: float  # when its results reached the host
     num_running: int = 0
     num_waiting: int = 0
     num_scheduled_seqs: int = 0
@@ -130,7 +130,24 @@ class StepRecord:
     # Prefix cache in this step: context tokens looked up at admission, and those found cached.
     prefix_queried_tokens: int = 0
     prefix_hit_tokens: int = 0
+    # Of those, found in the prefix cache's host tier (recompute avoided by a copy), and that tier's copies in pages:
+    # device->host of evicted cached pages, host->device of host hits (their bytes are in swap_out / swap_in_bytes).
+    prefix_host_hit_tokens: int = 0
+    host_cache_out_pages: int = 0
+    host_cache_in_pages: int = 0
     replica: int = 0  # data-parallel engines: which replica took the step
+    # Disaggregated serving (cbjax/disaggregated.py): the KV transfers into this decode engine that its step is the
+    # first to use (the requests it adopted since its previous step), their pages, bytes and copy seconds.
+    kv_transfers: int = 0
+    kv_transfer_bytes: int = 0
+    kv_transfer_s: float = 0.0
+    scheduled_time: float = 0.0  # when the step was scheduled (and dispatched); `time`: when its results arrived
+
+    @classmethod
+    def from_engine(cls, record: dict, t0: float) -> StepRecord:
+        """An engine's step record (a dict of these fields) with its times taken from `t0` (the run's start)."""
+        return cls(**{**record, "time": record["time"] - t0, "scheduled_time": record.get("scheduled_time", t0) - t0})
+
     # > 1: a block of this many decode steps in one dispatch (cbjax/core/multi_step.py); the other fields describe
     # its first step, and the summary counts it as that many steps of that shape.
     decode_steps: int = 1
@@ -257,7 +274,7 @@ def step_summary(steps: Sequence[StepRecord]) -> dict[str, float]:
       step_preemptions (sum); host_s, device_s (sums) and host_fraction / device_fraction of host_s + device_s;
       compiles (the counter's last value) and compiles_after_first_step (last - first: recompiles during the run);
       swap_out_bytes, swap_in_bytes, swap_s, recomputed_tokens, prefix_queried_tokens, prefix_hit_tokens,
-      block_wasted_tokens (sums)
+      prefix_host_hit_tokens, host_cache_out_pages, host_cache_in_pages, block_wasted_tokens (sums)
       and prefix_cache_hit_rate = prefix_hit_tokens / prefix_queried_tokens (NaN when nothing was looked up);
       speculative decoding (vLLM's definitions): spec_draft_tokens, spec_accepted_tokens (sums),
       spec_acceptance_rate = accepted / drafted, spec_mean_acceptance_length = 1 + accepted / verifying sequence-steps
@@ -343,6 +360,9 @@ _STEP_COUNTS = (
     "recomputed_tokens",
     "prefix_queried_tokens",
     "prefix_hit_tokens",
+    "prefix_host_hit_tokens",
+    "host_cache_out_pages",
+    "host_cache_in_pages",
     "block_wasted_tokens",
 )
 

@@ -418,7 +418,7 @@ def run_online(
             engine.after_execute = None
         if frozen:
             gc.freeze()  # and what the run made: the records' collections walk only the records
-        steps = [StepRecord(**{**s, "time": s["time"] - run.t0}) for s in engine.step_records[first_step:]]
+        steps = [StepRecord.from_engine(s, run.t0) for s in engine.step_records[first_step:]]
         outputs = {
             rid: list(out.outputs[0].token_ids)
             for rid, out in run.finished.items()

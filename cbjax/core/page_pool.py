@@ -28,14 +28,18 @@ class PagePool:
     reference per page. With `enable_caching`, a page whose content was registered under a hash (`register`) stays
     findable by `lookup` after its last reference is dropped: it waits in an LRU queue of evictable pages and is
     reused by a later hit (`incref` revives it) or, least recently released first, by `allocate` when the free
-    list is empty. Free and evictable pages both count as available (`num_free`).
+    list is empty. Free and evictable pages both count as available (`num_free`). With a `host_tier`
+    (core/host_prefix_cache.py) an evicted cached page is offered to it (`host_tier.spill(page, hash)`) first.
     """
 
-    def __init__(self, num_pages: int, enable_caching: bool = False):
+    def __init__(self, num_pages: int, enable_caching: bool = False, host_tier=None):
         if num_pages < 1:
             raise ValueError(f"num_pages must be >= 1, got {num_pages}")
         self.num_pages = num_pages
         self.enable_caching = enable_caching
+        if host_tier is not None and not enable_caching:
+            raise ValueError("a host tier of the prefix cache needs enable_caching=True")
+        self.host_tier = host_tier
         self._refcounts = [0] * num_pages
         # FIFO reuse spreads writes across the pool, which makes stale-data bugs show up in tests sooner.
         self._free = collections.deque(range(num_pages))
@@ -43,7 +47,8 @@ class PagePool:
         self._hash_of_page: dict[int, int] = {}
         self._evictable: collections.OrderedDict[int, None] = collections.OrderedDict()  # LRU first
         self.num_evictions = 0
-        # Prefix-cache statistics in tokens, as vLLM reports them: hit rate = hit / queried.
+        # Prefix-cache statistics in tokens, as vLLM reports them: hit rate = hit / queried (hits in either tier: the
+        # scheduler records the host tier's too, which also counts its own).
         self.queried_tokens = 0
         self.hit_tokens = 0
 
@@ -72,8 +77,11 @@ class PagePool:
                 if p is None:
                     p = next(iter(self._evictable))
                 del self._evictable[p]
-                del self._page_of_hash[self._hash_of_page.pop(p)]
+                page_hash = self._hash_of_page.pop(p)
+                del self._page_of_hash[page_hash]
                 self.num_evictions += 1
+                if self.host_tier is not None:  # its KV is still in the page until the step that reuses it runs
+                    self.host_tier.spill(p, page_hash)
             self._refcounts[p] = 1
             pages.append(p)
         return pages
@@ -162,3 +170,5 @@ class PagePool:
                 raise AssertionError(f"hash maps disagree on page {p}")
         if len(self._page_of_hash) != len(self._hash_of_page):
             raise AssertionError("hash maps differ in size")
+        if self.host_tier is not None:
+            self.host_tier.check_consistent()

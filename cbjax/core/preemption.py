@@ -7,6 +7,7 @@ read only the scheduler's public state (running, waiting, pool, host_pool, polic
 
 from cbjax.core.request import Request, RequestStatus
 from cbjax.core.scheduler_config import pages_for
+from cbjax.core.sequence_group import park_group, preemptible_as_groups, running_members
 from cbjax.core.step_plan import StepPlan
 
 
@@ -16,50 +17,79 @@ def preempt_lower(sched, req: Request, lower_ranked: list[Request], step: StepPl
     free. Returns whether that was reached; preempts nobody when it cannot be."""
     max_len = sched.config.max_model_len
     lower = [r for r in lower_ranked if r.status is RequestStatus.RUNNING and not r.pending_is_final(max_len)]
-    candidates = sched.policy.victims(req, lower)
+    candidates = preemptible_as_groups(req, sched.policy.victims(req, lower), lower)
     if not candidates:
         return False
     if slots:
         if sched.num_free_slots() + len(candidates) < slots:
             return False  # even all of them would not free enough slots
-    elif sched.pool.num_free + sum(len(c.pages) for c in candidates) < target:
+    elif sched.pool.num_free + len({p for c in candidates for p in c.pages}) < target:
         return False  # even all of them would not free enough: preempting would only waste their work
     while candidates:
         victim = sched.policy.choose_victim(candidates, step.out.time)
-        candidates = [c for c in candidates if c is not victim]
-        preempt(sched, victim, step)
+        preempt(sched, victim, step, alone=victim.group is not None and victim.group is req.group)
+        candidates = [c for c in candidates if c.status is RequestStatus.RUNNING]  # a group goes as a whole
         if (sched.num_free_slots() >= slots) if slots else sched.pool.can_allocate(target):
             return True
     return False
 
 
-def preempt(sched, req: Request, step: StepPlan) -> None:
-    """Take a running request off the device. Swap mode moves the KV of its computed tokens to host pages
-    (when the host pool has room); otherwise the KV is dropped and recomputed on resume. Either way it goes
-    back to the waiting queue, keeping its generated tokens. (A sample of a forked group goes alone: pages it
-    shares with its siblings lose one reference, and it comes back with pages of its own.)"""
-    sched.running.remove(req)
-    sched.left_running(req)
-    # Without device pages (admitted in a static batch, not placed yet) it holds nothing to move or drop: a
-    # swapped-out request keeps its host pages.
-    if req.pages:
-        k = pages_for(req.num_computed_tokens, sched.cache.page_size) - req.num_dropped_pages  # held, computed
-        host = sched.host_pool
-        if host is not None and k > 0 and host.can_allocate(k):
-            req.host_pages = host.allocate(k)
-            step.out.swap_out.extend(zip(req.pages[:k], req.host_pages))
-            sched.num_swapped_out_pages += k
-        else:
-            sched.num_recomputed_tokens += req.num_computed_tokens
-            req.num_computed_tokens = 0
-            req.num_dropped_pages = 0
-        sched.pool.free(req.pages)
-        req.pages = []
-    req.num_registered_pages = 0
-    req.status = RequestStatus.PREEMPTED
-    req.num_preemptions += 1
-    req.metrics.num_preemptions += 1
-    sched.num_preemptions += 1
-    step.out.preempted.append(req)
-    step.preempted.add(id(req))
-    sched.waiting.append(req)
+def yield_pages(sched, req: Request, step: StepPlan) -> None:
+    """A running request lacks pages and nothing ranked below it can give them: it yields its own (preempt), with
+    its whole group when it is a sample of a forked one, except in two cases where the sample goes alone (and comes
+    back with pages of its own): a sibling already scheduled in this step (it cannot be taken back), or the group
+    holding the device alone (it does not fit whole, e.g. when every sample reserves its pages to completion, and
+    would stall again after every re-fork). Either way the highest-ranked request that can run keeps running."""
+    members = running_members(req)
+    alone = False
+    if len(members) > 1:
+        scheduled = {id(s.request) for s in step.out.seqs}
+        alone = any(id(m) in scheduled for m in members) or len(members) == len(sched.running)
+    preempt(sched, req, step, alone=alone)
+
+
+def preempt(sched, req: Request, step: StepPlan, alone: bool = False) -> None:
+    """Take a running request off the device, with its whole group when it is a sample of a forked one
+    (sequence_group.py). Swap mode moves the KV of their computed tokens to host pages (when the host pool has room
+    for all of it; a page the samples share goes once); otherwise the KV is dropped and recomputed on resume. Either
+    way they go back to waiting, keeping their generated tokens. None of them is scheduled in this step (victims
+    rank below the requester, preempt_lower; yield_pages sends a sample alone otherwise)."""
+    # (A forked group's last running sample goes alone: nothing left to share.)
+    members = [req] if alone else running_members(req)
+    if alone and req.group is not None:
+        req.group.split = True
+    held = [m for m in members if m.pages]  # (admitted in a static batch and not placed yet: holds nothing)
+    k = {id(m): pages_for(m.num_computed_tokens, sched.cache.page_size) - m.num_dropped_pages for m in held}
+    distinct = {p for m in held for p in m.pages[: k[id(m)]]}
+    host = sched.host_pool
+    if distinct and host is not None and host.can_allocate(len(distinct)):
+        host_of = dict(zip(distinct, host.allocate(len(distinct))))
+        step.out.swap_out.extend(host_of.items())
+        sched.num_swapped_out_pages += len(distinct)
+        first = set()
+        for m in held:
+            m.host_pages = [host_of[p] for p in m.pages[: k[id(m)]]]
+            host.incref([h for h in m.host_pages if h in first])  # a host page per holder, like device pages
+            first.update(m.host_pages)
+    else:
+        for m in held:
+            sched.num_recomputed_tokens += m.num_computed_tokens
+            m.num_computed_tokens = 0
+            m.num_dropped_pages = 0
+    for m in members:
+        sched.running.remove(m)
+        sched.left_running(m)
+        if m.pages:
+            sched.pool.free(m.pages)
+            m.pages = []
+        m.num_registered_pages = 0
+        m.status = RequestStatus.PREEMPTED
+        m.num_preemptions += 1
+        m.metrics.num_preemptions += 1
+        sched.num_preemptions += 1
+        step.out.preempted.append(m)
+        step.preempted.add(id(m))
+    if len(members) > 1:
+        park_group(sched, members)
+    else:
+        sched.waiting.append(req)

@@ -67,6 +67,7 @@ class Request:
         "request_id",
         "samples_with_extras",
         "seed",
+        "shares_pages",
         "spec_context",
         "status",
         "tenant",
@@ -120,6 +121,9 @@ class Request:
         self.constraint = None
         # n > 1 or best_of: the core.sequence_group.SequenceGroup this request is a sample of (None: a lone one).
         self.group = None
+        # Holds pages another sequence may hold too and write into (a group's sample, a forked beam: kv_fork.py):
+        # the scheduler checks for copy-on-write before it writes.
+        self.shares_pages = False
         # Sampling extras (cbjax/runner/extras_runner.py), read per step as plain flags: whether the request's
         # tokens are sampled with extras, and whether it needs the extras at all (prompt_logprobs too).
         self.samples_with_extras = params.needs_sampling_extras

@@ -10,20 +10,31 @@ from collections.abc import Sequence
 
 from cbjax.config.cache import CacheConfig
 from cbjax.core.clock import Clock
+from cbjax.core.host_prefix_cache import HostPrefixCache, cached_prefix_pages, prefix_hits
 from cbjax.core.multi_step import plan_decode_steps
 from cbjax.core.page_pool import PagePool, chain_hashes
 from cbjax.core.policy import Policy
-from cbjax.core.preemption import preempt, preempt_lower
+from cbjax.core.preemption import preempt_lower, yield_pages
 from cbjax.core.request import FinishReason, Request, RequestStatus
 from cbjax.core.scheduler_config import SchedulerConfig, pages_for
 from cbjax.core.scheduler_output import ScheduledSeq, SchedulerOutput
 from cbjax.core.scheduler_view import ReadOnlyScheduler
-from cbjax.core.sequence_group import copy_on_write, fork_group, fork_ready_groups, shared_write_page, slots_wanted
+from cbjax.core.sequence_group import (
+    copy_on_write,
+    follower_swap_in_pages,
+    fork_group,
+    fork_ready_groups,
+    hand_over,
+    leads_unforked,
+    shared_write_page,
+    slots_wanted,
+)
 from cbjax.core.sorted_ranking import Ranking, SortedWaiting, visits
 from cbjax.core.speculation import scheduling as speculation
 from cbjax.core.speculation.speculator import Speculator
 from cbjax.core.step_plan import Placement as _Placement
 from cbjax.core.step_plan import StepPlan as _Step
+from cbjax.core.step_results import receive_step
 from cbjax.core.waiting_queue import WaitingQueue
 from cbjax.core.window_eviction import drop_outside_window, max_pages_held
 
@@ -59,7 +70,9 @@ class Scheduler:
         self.clock = clock
         self.policy = policy or config.make_policy()
         self.policy.attach(ReadOnlyScheduler(self))
-        self.pool = PagePool(cache.num_pages, enable_caching=cache.enable_prefix_caching)
+        tier = cache.num_host_cache_pages  # the prefix cache's host tier (host_prefix_cache.py); None or 0: none
+        self.host_cache = HostPrefixCache(tier, cache.page_size, base=cache.num_host_pages) if tier else None
+        self.pool = PagePool(cache.num_pages, enable_caching=cache.enable_prefix_caching, host_tier=self.host_cache)
         # Pages kept free at admission so running sequences can grow without an immediate preemption.
         self.watermark_pages = int(config.watermark_fraction * cache.num_pages)
         # The attention window whose outside pages are freed (None: no eviction).
@@ -74,6 +87,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_swapped_out_pages = self.num_swapped_in_pages = 0
         self.num_recomputed_tokens = 0  # computed tokens whose KV a recompute preemption dropped
+        self.kv_handoff = None  # disaggregated serving: keeps a finished request's pages to send (core/kv_handoff.py)
 
     # ---- queue management -------------------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -81,12 +95,17 @@ class Scheduler:
         self.waiting.append(request)
 
     def abort(self, request: Request) -> None:
-        if request.status is RequestStatus.RUNNING:
-            self.running.remove(request)
-        elif request in self.waiting:
-            self.waiting.remove(request)
+        self.unqueue(request)
         request.drop_outputs_after(len(request.known_output_token_ids) - 1)  # what was sampled but not received
         self.finish(request, FinishReason.ABORT)
+
+    def unqueue(self, req: Request) -> None:
+        """Take an unfinished request out of the running set or the waiting queue (a sample waiting inside its
+        preempted group is in neither)."""
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -105,7 +124,7 @@ class Scheduler:
     def num_free_slots(self) -> int:
         """Slots a waiting request may take: max_num_seqs less the running requests and the samples that groups
         admitted but not forked yet will add (core/sequence_group.py)."""
-        held = len(self.running) + sum(len(h.group.samples) - 1 for h in self.forking)
+        held = len(self.running) + sum(len(h.group.followers) for h in self.forking)
         return self.config.max_num_seqs - held
 
     def left_running(self, req: Request) -> None:
@@ -114,14 +133,8 @@ class Scheduler:
             self.forking.remove(req)
 
     def cached_prefix_tokens(self, req: Request) -> int:
-        """Tokens of the request's context a fresh admission would find in the prefix cache."""
-        if not self.pool.enable_caching:
-            return 0
-        G = self.cache.page_size
-        max_pages = (len(req.all_token_ids) - 1) // G  # as _lookup: the last token is always computed
-        if len(req.page_hashes) < max_pages:
-            chain_hashes(req.all_token_ids, G, req.page_hashes, upto=max_pages * G)
-        return self.pool.num_cached(req.page_hashes, max_pages) * G
+        """Tokens of the request's context a fresh admission would find in the prefix cache (either tier)."""
+        return cached_prefix_pages(self.pool, self.host_cache, req, self.cache.page_size) * self.cache.page_size
 
     # ---- one step ---------------------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -169,6 +182,8 @@ class Scheduler:
             self.host_pool.free(step.host_frees)
         step.out.num_batched_tokens = self.config.max_num_batched_tokens - step.budget
         plan_decode_steps(self, step.out)
+        if self.host_cache is not None:  # its copies of evicted pages out (a block's pages too), of host hits back in
+            self.host_cache.drain_into(step.out.swap_out, step.out.swap_in)
         return step.out
 
     def _rank(self, running: list[Request], now: float, *, with_running: bool = True) -> Ranking:
@@ -196,7 +211,7 @@ class Scheduler:
                 if free_slots == 0:
                     break
             for req in batch:
-                self._admit(req)
+                self.admit(req)
         step.may_admit = False
 
     def _make_room(
@@ -229,19 +244,18 @@ class Scheduler:
         if waiting:
             step.may_admit = False  # head-of-line: no later request jumps ahead for lack of pages
         else:
-            preempt(self, req, step)  # nothing ranked below it to free pages: it yields its own
+            yield_pages(self, req, step)  # nothing ranked below it to free pages: it yields its own
         return None
 
     def _commit(self, req: Request, place: _Placement, step: _Step) -> None:
         """Schedule `req` this step as `place` describes: admit it if waiting, give it its pages, charge the
         budget. Its tokens count as computed from now on, and a token it samples is pending until `update`."""
         if req.status is not _RUNNING:
-            self._admit(req)
+            self.admit(req)
         if place.num_new_pages or req.host_pages or not req.pages:  # else a running sequence's pages suffice
             self._place(req, place, step)
-        group = req.group
-        if group is not None and not group.forked and req.num_computed_tokens >= group.fork_point:
-            fork_group(self, req, step.out.time)  # the prefix cache held its prompt up to the fork
+        if leads_unforked(req) and req.num_computed_tokens >= req.group.fork_point:
+            fork_group(self, req, step.out.time, step)  # its prompt came from the prefix cache or host memory
         self._scheduled(req, place.num_computed_tokens, place.num_new_tokens, place.draft_token_ids, step)
 
     def _extend(self, req: Request, step: _Step) -> bool:
@@ -252,7 +266,7 @@ class Scheduler:
         if n:
             G = self.cache.page_size
             new_pages = (computed + n + G - 1) // G - req.num_dropped_pages - len(req.pages)  # pages_for - have
-            if req.group is not None and shared_write_page(self.pool, req, G) >= 0:
+            if req.shares_pages and shared_write_page(self.pool, req, G) >= 0:
                 if max(new_pages, 0) + 1 > self.pool.num_free:
                     return False
                 step.out.page_copies.append(copy_on_write(self.pool, req, G, self.policy.choose_eviction))
@@ -287,9 +301,8 @@ class Scheduler:
 
     def _num_new_tokens(self, req: Request, computed: int, budget: int) -> int:
         left = len(req.all_token_ids) - computed
-        group = req.group
-        if group is not None and not group.forked and computed < group.fork_point:
-            left = group.fork_point - computed  # the head computes the prompt up to the fork (sequence_group.py)
+        if leads_unforked(req) and computed < req.group.fork_point:
+            left = req.group.fork_point - computed  # the head computes the prompt up to the fork (sequence_group.py)
         chunk_size = self.policy.chunk_size
         n = left if left <= budget else budget
         if chunk_size is not None and n > chunk_size:
@@ -305,7 +318,7 @@ class Scheduler:
 
     def _placement(self, req: Request, budget: int) -> _Placement | None:
         G = self.cache.page_size
-        hits: list[int] = []
+        hits, host_hits = [], 0
         if req.pages:  # running: extend (nothing to look up, revive or swap in)
             computed = req.num_computed_tokens
             n = self._num_new_tokens(req, computed, budget)
@@ -314,14 +327,14 @@ class Scheduler:
             have = req.num_dropped_pages + len(req.pages)
             drafts = [] if self.speculator is None else speculation.drafts(self, req, computed, n, budget, have)
             new_pages = max(0, (computed + n + len(drafts) + G - 1) // G - have)  # pages_for - have
-            if req.group is not None and shared_write_page(self.pool, req, G) >= 0:
+            if req.shares_pages and shared_write_page(self.pool, req, G) >= 0:
                 new_pages += 1  # its copy of the shared page it writes into (_place makes it)
             return _Placement(computed, n, hits, new_pages, 0, 0, drafts)
         if req.host_pages:  # swapped out: its pages come back from host
             computed, have = req.num_computed_tokens, req.num_dropped_pages + len(req.host_pages)
         else:  # fresh, recomputing, or admitted in a static batch and not started: the prefix cache may help
-            hits = self._lookup(req)
-            computed, have = len(hits) * G, len(hits)
+            hits, host_hits = prefix_hits(self.pool, self.host_cache, req, G)  # host hits: copied back
+            computed, have = (len(hits) + host_hits) * G, len(hits) + host_hits
         n = self._num_new_tokens(req, computed, budget)
         if n == 0:
             return None
@@ -333,17 +346,8 @@ class Scheduler:
                 lifetime = min(lifetime, pages_for(self.window, G) + 1)
             total = max(total, lifetime)
         revived = self.pool.num_unreferenced(hits)
-        swapped_in = len(req.host_pages) if not req.pages else 0
+        swapped_in = len(req.host_pages) + follower_swap_in_pages(req, G) + host_hits if not req.pages else 0
         return _Placement(computed, n, hits, max(0, total - have), revived, swapped_in, drafts)
-
-    def _lookup(self, req: Request) -> list[int]:
-        if not self.pool.enable_caching:
-            return []
-        G = self.cache.page_size
-        # Leave the last token to compute: the step must produce its logits.
-        max_pages = (req.num_tokens - 1) // G
-        chain_hashes(req.all_token_ids, G, req.page_hashes, upto=max_pages * G)
-        return self.pool.lookup(req.page_hashes[:max_pages])
 
     def _place(self, req: Request, place: _Placement, step: _Step) -> None:
         """Give the request the pages the placement describes."""
@@ -356,14 +360,19 @@ class Scheduler:
             req.host_pages = []
             req.pages = device
         elif not req.pages:
+            n, G = len(place.hits), self.cache.page_size
+            host_hits = place.num_computed_tokens // G - n  # the host tier's hits after the device hits (prefix_hits)
             if pool.enable_caching:
-                pool.record_query(req.num_tokens, len(place.hits) * self.cache.page_size)
-            pool.incref(place.hits)
+                pool.record_query(req.num_tokens, (n + host_hits) * G)
+            pool.incref(place.hits)  # first: the host hits' device pages must not evict these
             req.pages = list(place.hits)
-            req.num_registered_pages = len(place.hits)
+            if host_hits:
+                hashes = req.page_hashes[n : n + host_hits]
+                req.pages += self.host_cache.bring_back(hashes, pool, self.policy.choose_eviction)
+            req.num_registered_pages = len(req.pages)
             req.num_computed_tokens = place.num_computed_tokens
         new_pages = place.num_new_pages
-        if req.group is not None and req.pages:
+        if req.shares_pages and req.pages:
             copy = copy_on_write(pool, req, self.cache.page_size, self.policy.choose_eviction)
             if copy is not None:
                 step.out.page_copies.append(copy)
@@ -371,54 +380,23 @@ class Scheduler:
         if new_pages:
             req.pages.extend(pool.allocate(new_pages, self.policy.choose_eviction))
 
-    def _admit(self, req: Request) -> None:
+    def admit(self, req: Request) -> None:
+        """Move a waiting request into the running set."""
         self.waiting.remove(req)
         req.status = RequestStatus.RUNNING
         req.admission_order = self._num_admissions
         self._num_admissions += 1
         self.running.append(req)
-        if req.group is not None and not req.group.forked:
+        if leads_unforked(req):
             self.forking.append(req)
 
     # ---- after the step ---------------------------------------------------------------------------------------
     def update(
         self, out: SchedulerOutput, sampled: Sequence[int], eos_token_id: int | None, now: float
     ) -> list[Request]:
-        """The results of step `out` reached the host: each sampled token replaces its pending placeholder, newly
-        full pages go to the prefix cache, stopped requests finish. Returns the requests that got a token. A block
-        of steps (multi_step.py) gives a row of tokens per step (`sampled` [num_steps, seqs]), received in order.
-
-        With asynchronous scheduling the next step is already scheduled (and running) when this is called, so a
-        request may have been preempted since (it still receives its token) or have a newer pending token (dropped
-        if this one stops it)."""
-        changed = []
-        caching, G, max_len = self.pool.enable_caching, self.cache.page_size, self.config.max_model_len
-        sampled = sampled.tolist() if hasattr(sampled, "tolist") else sampled  # numpy: ints in one call, not one each
-        for step, row in enumerate(sampled) if out.num_steps > 1 else ((0, sampled),):
-            for seq, token in zip(out.seqs, row):
-                req = seq.request
-                if req.status is _FINISHED or step >= seq.num_steps:
-                    continue  # aborted, or stopped while this step ran; or done with the block's steps
-                if seq.draft_token_ids:
-                    changed += [req] * speculation.receive_verified(self, req, seq, token, eos_token_id, now)
-                    continue
-                if seq.samples_token:
-                    i = req.receive_token(int(token))
-                    m = req.metrics
-                    if m.first_token_time is None:
-                        m.first_token_time = now
-                    m.token_times.append(now)
-                    changed.append(req)
-                if caching and req.status is _RUNNING and req.num_computed_tokens // G > req.num_registered_pages:
-                    self.register_full_pages(req)
-                if seq.samples_token:
-                    reason = req.stop_reason(i, eos_token_id, max_len)
-                    if reason is not None:
-                        out.num_wasted_tokens += seq.num_steps - 1 - step  # a block's steps past it (multi_step.py)
-                        req.drop_outputs_after(i)
-                        (self.running if req.status is RequestStatus.RUNNING else self.waiting).remove(req)
-                        self.finish(req, reason, now)
-        return changed
+        """The results of step `out` reached the host (step_results.receive_step says how they are applied).
+        Returns the requests that got a token."""
+        return receive_step(self, out, sampled, eos_token_id, now)
 
     def register_full_pages(self, req: Request) -> None:
         """Offer the pages whose every token now has its KV computed to the prefix cache (and is known: pending
@@ -434,7 +412,10 @@ class Scheduler:
 
     def finish(self, req: Request, reason: FinishReason, now: float | None = None) -> None:
         self.left_running(req)
-        self.pool.free(req.pages)
+        if req.group is not None:
+            hand_over(self, req)  # it may have led a preempted group back
+        if self.kv_handoff is None or not self.kv_handoff.keeps(req, reason):
+            self.pool.free(req.pages)
         req.pages = []
         if req.host_pages:
             self.host_pool.free(req.host_pages)

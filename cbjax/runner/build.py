@@ -93,7 +93,7 @@ def build_model_runner(
         compiles=compiles,
         host_pool=build_host_pool(
             model.cfg,
-            cache.num_host_pages,
+            cache.num_host_kv_pages,  # the swap pool's pages, then the prefix cache's host tier's
             num_device_pages=cache.num_pages,
             page_size=cache.page_size,
             kv_cache_dtype=cache.kv_cache_dtype,

@@ -1,4 +1,6 @@
 """Preemption by swap, the runner side: a host-memory pool of KV pages and the device-side page gather / scatter.
+The prefix cache's host tier (core/host_prefix_cache.py) copies through the same pool: its pages follow the swap
+pool's in the host arrays (CacheConfig.num_host_kv_pages), and its copies travel in the same swap lists.
 
 A swapped-out page travels as one block holding every layer's K and V: [L, 2, K, G, H]. The host pool stores pages
 contiguously ([NP, L, 2, K, G, H], NP host pages), so writing or reading one page is a single memcpy. An int8 cache
@@ -208,3 +210,15 @@ def build_host_pool(
         max_pages_per_call=max_pages_per_call,
         quantized=dt == jnp.int8,
     )
+
+
+def gather_pages(kv_caches, idx):
+    """Device pages idx [n] of a cache as `_gather` returns them (one [n, L, 2, K, G, X] block per pair of arrays),
+    on the cache's device: the disaggregated engine's transfer (kv_transfer.py) sends these blocks."""
+    return _gather(kv_caches, idx)
+
+
+def scatter_pages(kv_caches, idx, blocks):
+    """Write `blocks` (as gather_pages returns them, on the cache's device) into device pages idx [n]; returns the
+    updated caches (the old are donated)."""
+    return _scatter(kv_caches, idx, blocks)

@@ -73,6 +73,9 @@ class SimRunner:
         self.swap_out_bytes_total = 0
         self.swap_in_bytes_total = 0
         self.num_copied_pages = 0  # copy-on-write (core/sequence_group.py): priced in the step (copy_bytes)
+        # Host pages whose swap-in another resource has paid for: the disaggregated simulator's KV transfers land
+        # there and their link time is priced in the transfer (cbjax/sim/disaggregated.py), so not again here.
+        self.prepaid_host_pages: set[int] = set()
         self.last_step: SimStepHandle | None = None
         forbidden = {t for t in (eos_token_id, *stop_token_ids) if t is not None}
         self._ids = [t for t in range(min(vocab_size, 4096)) if t not in forbidden and t >= 3] or [0]
@@ -138,6 +141,8 @@ class SimRunner:
         padded = self.buckets.token_bucket(out.num_batched_tokens) if out.seqs else 0
         _, out_bytes, in_bytes = self.swap(out.swap_out, out.swap_in)
         features = step_features(out, padded, self.kv_bytes_per_page)
+        if self.prepaid_host_pages:
+            features = self._without_prepaid(out, features)
         self.num_copied_pages += len(out.page_copies)
         tokens = self._tokens(out)
         # A block of N decode steps costs N times its first step (its contexts grow by at most N - 1 tokens).
@@ -145,6 +150,17 @@ class SimRunner:
         handle = SimStepHandle(out, tokens, features, cost, padded, out_bytes, in_bytes)
         self.last_step = handle
         return handle
+
+    def _without_prepaid(self, out: SchedulerOutput, features: StepFeatures) -> StepFeatures:
+        """The features less the swap-ins of prepaid host pages (each paid once); a swap-out that reuses a prepaid
+        page's id makes it an ordinary page again."""
+        prepaid = self.prepaid_host_pages
+        paid = [h for h, _ in out.swap_in if h in prepaid]
+        prepaid.difference_update(paid)
+        prepaid.difference_update(h for _, h in out.swap_out)
+        if not paid:
+            return features
+        return dataclasses.replace(features, swap_bytes=features.swap_bytes - len(paid) * self.kv_bytes_per_page)
 
     def fetch(self, handle: SimStepHandle) -> list[int]:
         """The step ends: the clock moves by its cost; returns its tokens in out.seqs order."""

@@ -121,8 +121,13 @@ def check_step(s: Scheduler, out) -> None:
     s.pool.check_consistent()
     if s.host_pool is not None:
         s.host_pool.check_consistent()
-        held = [p for r in (*s.waiting, *s.running) for p in r.host_pages]
-        assert len(held) == len(set(held)) == s.host_pool.num_used
+        # The samples of a group swapped out as a whole wait inside it (core/sequence_group.py) and share the host
+        # pages of the pages they shared: a host page has a reference per holder, like a device page.
+        parked = [f for r in s.waiting if r.group is not None and r.group.leader is r for f in r.group.followers]
+        held = [p for r in (*s.waiting, *s.running, *parked) for p in r.host_pages]
+        assert len(set(held)) == s.host_pool.num_used
+        for p in set(held):
+            assert s.host_pool.refcount(p) == held.count(p), f"host page {p}"
     assert len(s.running) <= cfg.max_num_seqs
     assert out.num_batched_tokens <= cfg.max_num_batched_tokens
     assert sum(q.num_new_tokens for q in out.seqs) == out.num_batched_tokens

@@ -132,6 +132,78 @@ def test_a_group_waits_for_a_slot_per_sample():
     assert all(r.is_finished for r in (lone, *head.group.samples))
 
 
+def _preempt_a_forked_group(mode: str):
+    """A group of 3 (a 10-token prompt in pages of 4: pages 0-1 shared, page 2 copied on write) decodes 3 tokens;
+    then an urgent request whose prompt needs more pages than are free arrives: the priority policy preempts the
+    group. Returns (scheduler, runner, group, urgent, the preempting step's output)."""
+    s = make_scheduler(
+        FlatConfig(
+            policy="priority", page_size=4, num_pages=13, max_model_len=40, preemption_mode=mode, num_host_pages=32
+        ),
+        VirtualClock(),
+    )
+    runner = GroupFakeRunner(s, VOCAB)
+    head = Request("g", list(range(1, 11)), SamplingParams(max_tokens=8), 0.0, seed=3, arrival_order=0, priority=1)
+    group = make_group(head, 3)
+    s.add(head)
+    for _ in range(5):  # the prompt to the fork, the prompt's last token, then 3 decodes
+        out = s.schedule()
+        s.update(out, runner.execute(out), EOS, 0.0)
+    assert group.forked and all(len(r.output_token_ids) == 4 for r in group.samples)
+    urgent = Request("u", list(range(1, 30)), SamplingParams(max_tokens=2), 0.0, seed=9, arrival_order=1, priority=0)
+    s.add(urgent)
+    out = s.schedule()
+    return s, runner, group, urgent, out
+
+
+def test_a_forked_group_is_swapped_out_and_back_as_a_whole_sharing_its_host_pages():
+    s, runner, group, urgent, out = _preempt_a_forked_group("swap")
+    samples = group.samples
+    assert set(out.preempted) == set(samples), "the group goes as a whole"
+    # Each sample computed 13 tokens: pages 0-1 shared, pages 2-3 its own: 2 + 3 * 2 device pages, each swapped once.
+    assert len(out.swap_out) == 2 + 3 * 2 == len({d for d, _ in out.swap_out})
+    shared_host = samples[0].host_pages[:2]
+    assert all(r.host_pages[:2] == shared_host for r in samples)
+    assert [s.host_pool.refcount(h) for h in shared_host] == [3, 3]
+    assert [r for r in s.waiting if r.group is group] == [group.leader] and group.followers == samples[1:]
+    s.update(out, runner.execute(out), EOS, 0.0)
+    while True:  # the urgent request runs; then the group comes back in one step, its shared pages shared again
+        out = s.schedule()
+        if out.swap_in:
+            break
+        s.update(out, runner.execute(out), EOS, 0.0)
+    assert all(r in s.running for r in samples) and len(out.swap_in) == 8
+    assert [s.pool.refcount(p) for p in samples[0].pages[:2]] == [3, 3]
+    assert all(r.pages[:2] == samples[0].pages[:2] for r in samples)
+    s.update(out, runner.execute(out), EOS, 0.0)
+    run_steps(s, runner)
+    for r in (*samples, urgent):
+        assert r.output_token_ids == sample_reference(r.prompt_token_ids, r.params.max_tokens, r.seed, 40)
+    assert s.pool.num_free == s.pool.num_pages and s.host_pool.num_free == s.host_pool.num_pages
+    assert s.num_preemptions == 3 and s.num_recomputed_tokens == 0
+
+
+def test_a_group_preempted_by_recompute_forks_again_from_one_prompt():
+    s, runner, group, urgent, out = _preempt_a_forked_group("recompute")
+    samples = group.samples
+    assert set(out.preempted) == set(samples) and not group.forked
+    assert s.num_recomputed_tokens == 3 * 13
+    assert [r for r in s.waiting if r.group is group] == [group.leader]
+    s.update(out, runner.execute(out), EOS, 0.0)
+    computed_alone = []
+    while not group.forked:
+        out = s.schedule()
+        computed_alone += [q.num_new_tokens for q in out.seqs if q.request.group is group]
+        s.update(out, runner.execute(out), EOS, 0.0)
+    # The leader recomputes the prompt to the fork once, for the group; after the fork (at the start of the last
+    # step) each sample recomputes its own context from there: the prompt's last token and its 4 outputs.
+    assert computed_alone == [9, 5, 5, 5]
+    run_steps(s, runner)
+    for r in (*samples, urgent):
+        assert r.output_token_ids == sample_reference(r.prompt_token_ids, r.params.max_tokens, r.seed, 40)
+    assert s.pool.num_free == s.pool.num_pages
+
+
 @st.composite
 def group_cases(draw):
     """tests/core/test_policy_invariants.py's cases, single steps (the fake runner's seeded tokens are per step),

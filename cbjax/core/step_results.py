@@ -1,0 +1,52 @@
+"""Receiving a step's results in the scheduler (Scheduler.update): each sampled token replaces its pending
+placeholder, newly full pages go to the prefix cache, stopped requests finish.
+
+Kept out of scheduler.py, which calls this with itself as `sched` (not imported here, like preemption.py); it reads
+the scheduler's public state and methods (pool, cache, config, register_full_pages, unqueue, finish).
+"""
+
+from collections.abc import Sequence
+
+from cbjax.core.request import RequestStatus
+from cbjax.core.scheduler_output import SchedulerOutput
+from cbjax.core.speculation import scheduling as speculation
+
+_FINISHED, _RUNNING = RequestStatus.FINISHED, RequestStatus.RUNNING
+
+
+def receive_step(sched, out: SchedulerOutput, sampled: Sequence[int], eos_token_id: int | None, now: float) -> list:
+    """The results of step `out` reached the host: each sampled token replaces its pending placeholder, newly
+    full pages go to the prefix cache, stopped requests finish. Returns the requests that got a token. A block
+    of steps (multi_step.py) gives a row of tokens per step (`sampled` [num_steps, seqs]), received in order.
+
+    With asynchronous scheduling the next step is already scheduled (and running) when this is called, so a
+    request may have been preempted since (it still receives its token) or have a newer pending token (dropped
+    if this one stops it)."""
+    changed = []
+    caching, G, max_len = sched.pool.enable_caching, sched.cache.page_size, sched.config.max_model_len
+    sampled = sampled.tolist() if hasattr(sampled, "tolist") else sampled  # numpy: ints in one call, not one each
+    for step, row in enumerate(sampled) if out.num_steps > 1 else ((0, sampled),):
+        for seq, token in zip(out.seqs, row):
+            req = seq.request
+            if req.status is _FINISHED or step >= seq.num_steps:
+                continue  # aborted, or stopped while this step ran; or done with the block's steps
+            if seq.draft_token_ids:
+                changed += [req] * speculation.receive_verified(sched, req, seq, token, eos_token_id, now)
+                continue
+            if seq.samples_token:
+                i = req.receive_token(int(token))
+                m = req.metrics
+                if m.first_token_time is None:
+                    m.first_token_time = now
+                m.token_times.append(now)
+                changed.append(req)
+            if caching and req.status is _RUNNING and req.num_computed_tokens // G > req.num_registered_pages:
+                sched.register_full_pages(req)
+            if seq.samples_token:
+                reason = req.stop_reason(i, eos_token_id, max_len)
+                if reason is not None:
+                    out.num_wasted_tokens += seq.num_steps - 1 - step  # a block's steps past it (multi_step.py)
+                    req.drop_outputs_after(i)
+                    sched.unqueue(req)
+                    sched.finish(req, reason, now)
+    return changed

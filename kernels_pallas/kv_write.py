@@ -56,3 +56,29 @@ def write_rows(pages, rows, slot_mapping, *, impl: str = "auto", sharded: bool =
         idx = (jnp.arange(Kh, dtype=slot_mapping.dtype)[:, None] * (P * G) + slot_mapping[None, :]).reshape(-1)
         return pages.reshape(-1).at[idx].set(rows.reshape(-1)).reshape(Kh, P, G, X)
     return pages.reshape(Kh, P * G, X).at[:, slot_mapping].set(rows).reshape(Kh, P, G, X)
+
+
+def write_pages(pages, blocks, page_idx, *, impl: str = "auto", sharded: bool = False):
+    """pages [K, P, G, X] with whole pages blocks [K, n, G, X] written at pages page_idx [n]: a page copy or a
+    swap-in, as `write_rows` over their rows, so that bfloat16 pages on the CPU are written in place too instead of
+    converting the whole cache (runner/page_copy.py, runner/kv_swap.py). Jittable; donate the pages."""
+    Kh, _, G, X = pages.shape
+    n = blocks.shape[1]
+    slots = (jnp.asarray(page_idx, jnp.int32)[:, None] * G + jnp.arange(G, dtype=jnp.int32)[None, :]).reshape(-1)
+    rows = blocks.transpose(1, 2, 0, 3).reshape(n * G, Kh, X)
+    return write_rows(pages, rows, slots, impl=impl, sharded=sharded)
+
+
+def take_pages(pages, page_idx):
+    """pages[:, page_idx] ([K, n, G, X]); bfloat16 pages are gathered through a uint16 view, because XLA:CPU converts
+    the whole operand of a bf16 gather to float32 (and the bits are all a copy needs)."""
+    if pages.dtype != jnp.bfloat16:
+        return pages[:, page_idx]
+    bits = jax.lax.bitcast_convert_type(pages, jnp.uint16)[:, page_idx]
+    return jax.lax.bitcast_convert_type(bits, jnp.bfloat16)
+
+
+def is_sharded(pages) -> bool:
+    """Whether a (concrete) pages array is split over several devices: the handler has no sharding rule."""
+    sharding = getattr(pages, "sharding", None)
+    return sharding is not None and len(sharding.device_set) > 1

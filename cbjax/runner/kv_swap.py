@@ -20,6 +20,7 @@ import numpy as np
 
 from cbjax.model.config import ModelConfig
 from cbjax.model.llama import kv_cache_dtype as kv_cache_dtype_of
+from kernels_pallas.kv_write import is_sharded, take_pages, write_pages
 
 # Smallest bucket: below this the per-call overhead dominates, and fewer buckets mean fewer programs to compile.
 MIN_BUCKET = 4
@@ -38,20 +39,26 @@ def _gather(kv_caches, idx):
     [n, L, 2, K, G, X] block per pair (pages, then scales)."""
     out = []
     for g in range(_groups(kv_caches)):
-        pages = jnp.stack([jnp.stack([c[2 * g][:, idx], c[2 * g + 1][:, idx]]) for c in kv_caches])
+        pages = jnp.stack([jnp.stack([take_pages(c[2 * g], idx), take_pages(c[2 * g + 1], idx)]) for c in kv_caches])
         out.append(jnp.moveaxis(pages, 3, 0))  # [L, 2, K, n, G, X] -> [n, L, 2, K, G, X]
     return tuple(out)
 
 
-# Donated like the runner's step, so the scatter updates the cache in place instead of copying every page.
-@functools.partial(jax.jit, donate_argnums=(0,))
-def _scatter(kv_caches, idx, blocks):
+# Donated like the runner's step, so the scatter updates the cache in place instead of copying every page (bfloat16
+# pages on the CPU through kv_write's handler: XLA:CPU would convert the whole cache for a scatter).
+@functools.partial(jax.jit, donate_argnums=(0,), static_argnames=("sharded",))
+def _scatter(kv_caches, idx, blocks, sharded: bool = False):
     """Write blocks (as `_gather` returns them) into device pages idx [n]; returns the updated caches."""
     blocks = [jnp.moveaxis(b, 0, 3) for b in blocks]  # [L, 2, K, n, G, X]
     return [
-        tuple(a.at[:, idx].set(blocks[i // 2][l, i % 2]) for i, a in enumerate(cache))
+        tuple(write_pages(a, blocks[i // 2][l, i % 2], idx, sharded=sharded) for i, a in enumerate(cache))
         for l, cache in enumerate(kv_caches)
     ]
+
+
+def _scatter_into(kv_caches, idx, blocks):
+    """_scatter, told whether the cache is split over devices (kv_write's handler has no sharding rule)."""
+    return _scatter(kv_caches, idx, blocks, sharded=is_sharded(kv_caches[0][0]))
 
 
 def page_buckets(num_device_pages: int, cap: int = MAX_PAGES_PER_CALL) -> tuple[int, ...]:
@@ -169,7 +176,7 @@ class HostKVPool:
                 block[:m] = host[host_pages[lo:hi]]
                 block[m:] = 0  # goes to the spare page; zeros rather than whatever np.empty held (no stray NaN)
                 staged.append(block)
-            kv_caches = _scatter(kv_caches, self._padded(device_pages[lo:hi], b), tuple(staged))
+            kv_caches = _scatter_into(kv_caches, self._padded(device_pages[lo:hi], b), tuple(staged))
         return kv_caches
 
     def warmup(self, kv_caches):
@@ -178,7 +185,7 @@ class HostKVPool:
             idx = np.full(b, self.pad_page, np.int32)
             jax.block_until_ready(_gather(kv_caches, idx))
             zeros = tuple(np.zeros((b, *shape), dt) for shape, dt in self.blocks)
-            kv_caches = _scatter(kv_caches, idx, zeros)
+            kv_caches = _scatter_into(kv_caches, idx, zeros)
         jax.block_until_ready(kv_caches)
         return kv_caches
 
@@ -221,4 +228,4 @@ def gather_pages(kv_caches, idx):
 def scatter_pages(kv_caches, idx, blocks):
     """Write `blocks` (as gather_pages returns them, on the cache's device) into device pages idx [n]; returns the
     updated caches (the old are donated)."""
-    return _scatter(kv_caches, idx, blocks)
+    return _scatter_into(kv_caches, idx, blocks)

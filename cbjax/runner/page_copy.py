@@ -10,12 +10,15 @@ import functools
 import jax
 import numpy as np
 
+from kernels_pallas.kv_write import is_sharded, take_pages, write_pages
 
-# Donated like the step, so the copy updates the cache in place instead of copying every page.
-@functools.partial(jax.jit, donate_argnums=(0,))
-def _copy_pages(kv_caches, src, dst):
+
+# Donated like the step, so the copy updates the cache in place instead of copying every page (bfloat16 pages on
+# the CPU through kv_write's handler: XLA:CPU would convert the whole cache for a scatter).
+@functools.partial(jax.jit, donate_argnums=(0,), static_argnames=("sharded",))
+def _copy_pages(kv_caches, src, dst, sharded: bool = False):
     """kv_caches: L x (k [K, P+1, G, X], v same[, k_scales, v_scales]); src, dst [n] int32: page dst[i] <- src[i]."""
-    return [tuple(a.at[:, dst].set(a[:, src]) for a in cache) for cache in kv_caches]
+    return [tuple(write_pages(a, take_pages(a, src), dst, sharded=sharded) for a in cache) for cache in kv_caches]
 
 
 class PageCopier:
@@ -36,10 +39,11 @@ class PageCopier:
         """Copy every (source, destination) of `pairs` (distinct destinations, none of them a source); returns
         the new caches (the old are donated)."""
         for lo in range(0, len(pairs), self.pages_per_call):
-            kv_caches = _copy_pages(kv_caches, *self._indices(pairs[lo : lo + self.pages_per_call]))
+            pages = self._indices(pairs[lo : lo + self.pages_per_call])
+            kv_caches = _copy_pages(kv_caches, *pages, sharded=is_sharded(kv_caches[0][0]))
         self.num_copied += len(pairs)
         return kv_caches
 
     def warmup(self, kv_caches):
         """Build the copy program (copying the spare page onto itself); returns the caches."""
-        return jax.block_until_ready(_copy_pages(kv_caches, *self._indices([])))
+        return jax.block_until_ready(_copy_pages(kv_caches, *self._indices([]), sharded=is_sharded(kv_caches[0][0])))

@@ -144,3 +144,37 @@ def test_engine_greedy_tokens_over_bf16_pages_equal_the_bf16_rounded_full_forwar
     engine = LLMEngine(model, kv_cache_dtype="bfloat16", num_pages=256, **OPTS)
     assert engine.runner.kv_caches[0][0].dtype == jnp.bfloat16
     run_and_check(engine, prompts, params, ref)
+
+
+@needs_library
+def test_page_copies_and_swap_ins_write_bf16_pages_in_place():
+    """Copy-on-write (runner/page_copy.py) and swap-ins (runner/kv_swap.py) write whole bf16 pages through the
+    handler too (kv_write.write_pages): the same pages as a plain copy, and no float32 array of the cache's size."""
+    from cbjax.runner import kv_swap, page_copy
+
+    rng = np.random.default_rng(1)
+    X = 64
+    arrays = [np.asarray(jnp.asarray(rng.standard_normal((K, P, G, X))).astype(jnp.bfloat16)) for _ in range(4)]
+    caches = lambda: [
+        (jnp.asarray(arrays[0]), jnp.asarray(arrays[1])),
+        (jnp.asarray(arrays[2]), jnp.asarray(arrays[3])),
+    ]
+    src, dst = np.array([1, 4, 8], np.int32), np.array([2, 5, 8], np.int32)  # the last: the spare page onto itself
+    got = page_copy._copy_pages(caches(), jnp.asarray(src), jnp.asarray(dst))
+    for a, g in zip(arrays, [x for c in got for x in c]):
+        want = a.copy()
+        want[:, dst] = a[:, src]
+        np.testing.assert_array_equal(np.asarray(g).view(np.uint16), want.view(np.uint16))
+    blocks = kv_swap.gather_pages(caches(), jnp.asarray([3, 6], jnp.int32))
+    moved = kv_swap.scatter_pages(caches(), jnp.asarray([0, 7], jnp.int32), blocks)
+    for a, g in zip(arrays, [x for c in moved for x in c]):
+        want = a.copy()
+        want[:, [0, 7]] = a[:, [3, 6]]
+        np.testing.assert_array_equal(np.asarray(g).view(np.uint16), want.view(np.uint16))
+    shapes = [tuple(jax.ShapeDtypeStruct((K, P, G, X), jnp.bfloat16) for _ in range(2))]
+    idx = jax.ShapeDtypeStruct((3,), jnp.int32)
+    copy = page_copy._copy_pages.lower(shapes, idx, idx).compile().as_text()
+    swap_out = jax.jit(kv_swap.gather_pages).lower(shapes, idx).compile().as_text()
+    assert library.kv_write_target() in copy
+    for text in (copy, swap_out):
+        assert f"f32[{K},{P},{G},{X}]" not in text and f"f32[{K},{P * G},{X}]" not in text

@@ -21,6 +21,14 @@ def _copy_pages(kv_caches, src, dst, sharded: bool = False):
     return [tuple(write_pages(a, take_pages(a, src), dst, sharded=sharded) for a in cache) for cache in kv_caches]
 
 
+def copy_pages(kv_caches, src, dst, sharded: bool | None = None):
+    """Page dst[i] <- src[i] of every array of `kv_caches` (donated); `sharded` (None: read off the cache) keeps a
+    cache split over devices on XLA's scatter."""
+    if sharded is None:
+        sharded = is_sharded(kv_caches[0][0])
+    return _copy_pages(kv_caches, src, dst, sharded=sharded)
+
+
 class PageCopier:
     """Copies device KV pages in calls of `pages_per_call` pairs (padded with the spare page)."""
 
@@ -39,11 +47,10 @@ class PageCopier:
         """Copy every (source, destination) of `pairs` (distinct destinations, none of them a source); returns
         the new caches (the old are donated)."""
         for lo in range(0, len(pairs), self.pages_per_call):
-            pages = self._indices(pairs[lo : lo + self.pages_per_call])
-            kv_caches = _copy_pages(kv_caches, *pages, sharded=is_sharded(kv_caches[0][0]))
+            kv_caches = copy_pages(kv_caches, *self._indices(pairs[lo : lo + self.pages_per_call]))
         self.num_copied += len(pairs)
         return kv_caches
 
     def warmup(self, kv_caches):
         """Build the copy program (copying the spare page onto itself); returns the caches."""
-        return jax.block_until_ready(_copy_pages(kv_caches, *self._indices([]), sharded=is_sharded(kv_caches[0][0])))
+        return jax.block_until_ready(copy_pages(kv_caches, *self._indices([])))

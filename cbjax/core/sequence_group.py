@@ -11,7 +11,8 @@ runner performs before the step, SchedulerOutput.page_copies). Full pages stay s
 A forked group is preempted, swapped and resumed as a whole (vLLM v0's sequence groups; preemption.py):
 - it is a victim only when all its running samples rank below the request that needs room; a sample that lacks
   pages (nothing below it to preempt) yields its group, or yields alone when a sibling is already scheduled in the
-  step or the group holds the device alone (preemption.yield_pages: it then comes back with pages of its own);
+  step or the group holds the device alone (preemption.yield_pages: it then comes back with pages of its own, and
+  the group is `split`: its samples are preempted one by one from then on);
 - by swap, each page the samples share goes to host memory once (host pages counted by reference like device ones),
   and on resume the group comes back in one step, its shared host pages mapped to one device page again;
 - by recompute, the group un-forks: its pages are dropped, its first unfinished sample leads it back through the

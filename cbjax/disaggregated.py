@@ -409,9 +409,11 @@ class DisaggregatedEngine:
         by_engine = collections.defaultdict(list)
         for r in records:
             by_engine[r["replica"]].append(r)
+        times = {i: [r["scheduled_time"] for r in steps] for i, steps in by_engine.items()}
         for t in self.transfers:
-            steps = by_engine[len(self.prefill) + t["decode"]]
-            i = bisect.bisect_left([r["scheduled_time"] for r in steps], t["time"])
+            engine = len(self.prefill) + t["decode"]
+            steps = by_engine[engine]
+            i = bisect.bisect_left(times.get(engine, []), t["time"])
             if i < len(steps):  # (a transfer whose step has not run yet is in no record)
                 r = steps[i]
                 r["kv_transfers"] = r.get("kv_transfers", 0) + 1

@@ -53,6 +53,9 @@ class FakeRunner:
     advances_clock = False
     num_compiles = 0  # it compiles nothing
     BYTES_PER_PAGE = 1  # what a swapped page counts for in the byte totals
+    # False: a swap-in consumes its host page (swap preemption); True: it copies it (runner/kv_swap.py keeps its
+    # host arrays, so the prefix cache's host tier can bring a page back twice).
+    KEEPS_HOST_PAGES = False
 
     def __init__(self, scheduler: Scheduler, vocab_size: int):
         self.sched = scheduler
@@ -97,7 +100,9 @@ class FakeRunner:
                 self.host[host, o] = self.kv.get((dev, o))
         for host, dev in swap_in:
             for o in range(G):
-                self.kv[dev, o] = self.host.pop((host, o))
+                # A swap-in frees its host copy, unless host pages are kept (the prefix cache's inclusive host tier).
+                src = (host, o)
+                self.kv[dev, o] = self.host[src] if self.KEEPS_HOST_PAGES else self.host.pop(src)
         self.pages_swapped_out += len(swap_out)
         self.pages_swapped_in += len(swap_in)
         out_bytes, in_bytes = len(swap_out) * self.BYTES_PER_PAGE, len(swap_in) * self.BYTES_PER_PAGE

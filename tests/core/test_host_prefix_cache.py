@@ -177,23 +177,11 @@ def test_make_scheduler_without_a_tier_has_none():
 
 
 class CopyingFakeRunner(FakeRunner):
-    """The fake runner with the real runner's host semantics: a swap-in copies a host page (runner/kv_swap.py keeps
-    it in its host arrays), so the inclusive tier can bring a page back twice. A host page never written is a
-    KeyError: a copy back of something the tier never received."""
+    """The fake runner with the real runner's host semantics: a swap-in copies a host page, so the inclusive tier can
+    bring a page back twice. A host page never written is a KeyError: a copy back of something the tier never
+    received."""
 
-    def swap(self, swap_out, swap_in):
-        G = self.G
-        host_pages = [h for _, h in swap_out]
-        assert len(set(host_pages)) == len(host_pages), "a host page written twice in one step"
-        for dev, host in swap_out:
-            for o in range(G):
-                self.host[host, o] = self.kv.get((dev, o))
-        for host, dev in swap_in:
-            for o in range(G):
-                self.kv[dev, o] = self.host[host, o]
-        self.pages_swapped_out += len(swap_out)
-        self.pages_swapped_in += len(swap_in)
-        return 0.0, len(swap_out), len(swap_in)
+    KEEPS_HOST_PAGES = True
 
 
 VOCAB = 97

@@ -2,7 +2,7 @@
 (engine, scheduler, policy, cost model; not the results files), the median of --repeats runs.
 
   python -m experiments.bench_sim_speed --config=configs/sim_zoo.py [--repeats=3] [--policies=fcfs,static] \\
-      [--doc_data=docs/data/sim_speed_DATE.json]
+      [--jobs=2] [--doc_data=docs/data/sim_speed_DATE.json]
 
 The repeats are interleaved: each goes through every policy once, starting one policy later than the repeat
 before, so a slow minute of a shared machine falls on all of them. With `workload.load` the capacity run that sets
@@ -10,8 +10,16 @@ the arrival rate is made once, before the timed runs, and timed on its own (`cap
 wall time of all its policies' runs, timed as one. CPU seconds are this process's (time.process_time): on a shared
 machine they move much less with the other jobs' load than wall seconds, which is why both are kept, with the load
 average before and after every run. --doc_data writes every run (cbjax/bench/doc_data.py) for the docs' tables.
+
+--jobs=N runs a repeat's entries in N worker processes at once (spawned after the capacity run, handed the config
+and the workload once, and warmed up on its first 100 requests; their start is not timed). Each entry is still one
+engine in one process, so it decides and generates the same (tests/sim/test_harness.py compares the tokens). An
+entry's seconds are then its worker's, and a repeat's `total` is the wall time of the whole repeat, its CPU seconds
+the sum over its entries. The one-process figure (--jobs=1) is the primary one: --jobs=2 on 2 cores gains only
+while nothing else runs.
 """
 
+import multiprocessing
 import os
 import statistics
 import sys
@@ -30,6 +38,7 @@ def define_flags() -> None:
     flags have the same names)."""
     flags.DEFINE_integer("repeats", 3, "runs per policy, interleaved (the median is printed)")
     flags.DEFINE_list("policies", None, "a subset of config.policies (default: all)")
+    flags.DEFINE_integer("jobs", 1, "worker processes running a repeat's entries at once (1: this process only)")
     flags.DEFINE_string("doc_data", None, "also write a data file for the docs (every run, raw) to this path")
 
 
@@ -56,27 +65,77 @@ def at_load(cfg, requests):
     return cfg, workloads_at(cfg, seeds=1)[0], capacity.to_dict(load)
 
 
-def bench(cfg, requests, names: list[str], repeats: int) -> tuple[list[dict], dict | None]:
+def run_entry(cfg, workload, name: str, rep: int) -> dict:
+    """One timed run of entry `name` on `workload`: its record."""
+    with cfg.unlocked():
+        cfg.policies = (name,)
+    comp, t = _timed(lambda: cp.run_comparison(cfg, workload=workload, progress=False))
+    tokens = sum(len(ids) for ids in comp.results[name].output_token_ids.values())
+    print(f"run {rep + 1} {name:>14}: wall {t['wall_s']:6.1f} s  cpu {t['cpu_s']:6.1f} s", flush=True)
+    return dict(policy=name, run=rep + 1, **t, generated_tokens=tokens)
+
+
+_WORKER: tuple = ()  # (cfg, workload) in a worker process of --jobs
+
+
+def _worker_init(cfg, workload, warm_name: str) -> None:
+    """Hold the config and workload, and warm up as this process did in the capacity run (lazy imports, the
+    profile, caches), on a short prefix of the workload, so a worker's first timed entry pays no more than the
+    one-process runs do."""
+    global _WORKER
+    _WORKER = (cfg, workload)
+    with cfg.unlocked():
+        cfg.policies = (warm_name,)
+    cp.run_comparison(cfg, workload=workload[:100], progress=False)
+
+
+def _worker_entry(task: tuple[str, int]) -> dict:
+    return run_entry(*_WORKER, *task)
+
+
+def _pid_after_a_pause(_) -> int:
+    time.sleep(0.2)  # long enough that a worker still starting up gets a task of its own
+    return os.getpid()
+
+
+def _started_pool(jobs: int, cfg, workload, warm_name: str):
+    """A pool of `jobs` spawned workers (not forked: jax may run threads here), each warmed up (_worker_init)."""
+    pool = multiprocessing.get_context("spawn").Pool(jobs, _worker_init, (cfg, workload, warm_name))
+    for _ in range(100):  # until every worker has taken a task, so none still starts up during a timed repeat
+        if len(set(pool.map(_pid_after_a_pause, range(jobs), 1))) == jobs:
+            return pool
+    pool.terminate()
+    raise RuntimeError(f"{jobs} worker processes did not all start")
+
+
+def bench(cfg, requests, names: list[str], repeats: int, jobs: int = 1) -> tuple[list[dict], dict | None]:
     """The timed runs of `requests` (compare_policies.prepare_run's workload): one record per (policy, repeat), plus
-    one `total` per repeat; and the capacity run's record (None without a load)."""
+    one `total` per repeat; and the capacity run's record (None without a load). `jobs` > 1: each repeat's entries
+    run in that many spawned worker processes."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
     (cfg, workload, capacity), t = _timed(lambda: at_load(cfg, requests))
     cap_record = None if capacity is None else dict(t, **capacity)
+    pool = None
+    if jobs > 1:
+        pool = _started_pool(jobs, cfg, workload, names[0])
     runs = []
-    for rep in range(repeats):
-        k = rep % len(names)
-
-        def one_repeat(order=names[k:] + names[:k], rep=rep):
-            for name in order:
-                with cfg.unlocked():
-                    cfg.policies = (name,)
-                comp, t = _timed(lambda: cp.run_comparison(cfg, workload=workload, progress=False))
-                tokens = sum(len(ids) for ids in comp.results[name].output_token_ids.values())
-                runs.append(dict(policy=name, run=rep + 1, **t, generated_tokens=tokens))
-                print(f"run {rep + 1} {name:>14}: wall {t['wall_s']:6.1f} s  cpu {t['cpu_s']:6.1f} s", flush=True)
-
-        _, t = _timed(one_repeat)
-        runs.append(dict(policy="total", run=rep + 1, **t))
-        print(f"run {rep + 1} {'total':>14}: wall {t['wall_s']:6.1f} s  cpu {t['cpu_s']:6.1f} s", flush=True)
+    try:
+        for rep in range(repeats):
+            k = rep % len(names)
+            order = names[k:] + names[:k]
+            if pool is None:
+                mine, t = _timed(lambda order=order, rep=rep: [run_entry(cfg, workload, n, rep) for n in order])
+            else:
+                mine, t = _timed(lambda order=order, rep=rep: pool.map(_worker_entry, [(n, rep) for n in order], 1))
+                t["cpu_s"] = sum(r["cpu_s"] for r in mine)  # the workers' CPU seconds, not this idle parent's
+            runs += mine
+            runs.append(dict(policy="total", run=rep + 1, **t, jobs=jobs))
+            print(f"run {rep + 1} {'total':>14}: wall {t['wall_s']:6.1f} s  cpu {t['cpu_s']:6.1f} s", flush=True)
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
     return runs, cap_record
 
 
@@ -90,7 +149,7 @@ def main(argv):
     except ValueError as e:
         sys.exit(f"bench_sim_speed: {e}")
     load_before = os.getloadavg()
-    runs, capacity = bench(cfg, workload, names, FLAGS.repeats)
+    runs, capacity = bench(cfg, workload, names, FLAGS.repeats, FLAGS.jobs)
     load_after = os.getloadavg()
     print()
     if capacity is not None:
@@ -109,6 +168,7 @@ def main(argv):
             runs=runs,
             what="seconds of the simulator's runs (not the results files), per policy and per repeat, interleaved",
             num_requests=len(workload),
+            jobs=FLAGS.jobs,
             capacity_run=capacity,
             load_average_before=list(load_before),
             load_average_after=list(load_after),

@@ -84,3 +84,17 @@ def test_bench_sim_speed_times_each_policy_per_repeat_and_the_capacity_run_once(
     assert all(r["wall_s"] > 0 and r["cpu_s"] >= 0 and "load_average_before" in r for r in runs)
     assert all(r["generated_tokens"] > 0 for r in runs if r["policy"] != "total")
     assert capacity["load"] == cfg.workload.load and capacity["wall_s"] > 0
+
+
+def test_bench_sim_speed_in_two_worker_processes_generates_what_one_process_does():
+    cfg = parse_config(["--config.policies=fcfs,static", "--config.workload.num_requests=60"], "configs/sim_zoo.py")
+    with cfg.unlocked():
+        cfg.policy_options = {}
+    cfg, requests = cp.prepare_run(cfg)
+    one, _ = bench_sim_speed.bench(cfg, requests, ["fcfs", "static"], repeats=1)
+    two, _ = bench_sim_speed.bench(cfg, requests, ["fcfs", "static"], repeats=1, jobs=2)
+    assert [r["policy"] for r in two] == ["fcfs", "static", "total"]
+    assert [r.get("generated_tokens") for r in two] == [r.get("generated_tokens") for r in one]
+    assert two[-1]["jobs"] == 2 and two[-1]["cpu_s"] == sum(r["cpu_s"] for r in two[:-1])
+    with pytest.raises(ValueError, match="jobs must be >= 1"):
+        bench_sim_speed.bench(cfg, requests, ["fcfs"], repeats=1, jobs=0)

@@ -12,6 +12,8 @@ priority (nice +10, Linux). A thread per family built three or four programs at 
 the cores from the steps being served (issue 37: calls right after construction ran at 0.30x with a draft model);
 at a lower priority the builder gets what the served steps leave (experiments/first_minute.py measures it; the GIL,
 which tracing holds, is still shared: a shorter thread switch interval while building did not clearly pay there).
+XLA's compile runs on worker threads at the served steps' priority all the same, so while steps are served the
+builder also pauses between programs, building a fixed share of the time (build_pacing.py).
 
 Programs are shared by every runner of the process with the same model, shapes and options (`ProgramKey`): a
 second engine builds nothing.
@@ -23,8 +25,10 @@ import heapq
 import itertools
 import os
 import threading
+import time
 from collections.abc import Callable, Hashable, Sequence
 
+from cbjax.runner.compilation.build_pacing import BuildPacer
 from cbjax.runner.compilation.counter import CompileCounter
 
 # Built programs and programs being built, by key, for the whole process (jit's own cache plays this role for
@@ -36,6 +40,7 @@ _SHARED_LOCK = threading.Lock()
 # aborts it ("terminate called ... exception not rethrown"), so exit waits for the program being built, not the rest.
 _EXITING = threading.Event()
 BACKGROUND_NICE = 10  # added to the builder thread's OS priority (Linux: a thread's nice is its own)
+BACKGROUND_DUTY = 0.25  # the share of the time the builder builds while steps are served (build_pacing.py)
 
 
 class _BackgroundBuilder:
@@ -47,6 +52,7 @@ class _BackgroundBuilder:
         self._order = itertools.count()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self.pacer = BuildPacer(BACKGROUND_DUTY)
 
     def submit(self, family: "ProgramFamily") -> None:
         with self._lock:
@@ -54,6 +60,7 @@ class _BackgroundBuilder:
                 heapq.heappush(self._queue, (T, next(self._order), family))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="cbjax-compile", daemon=True)
+                self.pacer.unhurry()  # (a join() before this submit is over)
                 self._thread.start()
 
     def _next(self) -> "tuple[int, ProgramFamily] | None":
@@ -64,17 +71,23 @@ class _BackgroundBuilder:
             T, _, family = heapq.heappop(self._queue)
             return T, family
 
+    def on_builder_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
     def _run(self) -> None:
         _lower_priority()
         while (item := self._next()) is not None:
             T, family = item
+            t0 = time.perf_counter()
             try:
                 family.get(T)
             except Exception:  # the step that needs this bucket builds it again and raises
                 continue
+            self.pacer.pause(time.perf_counter() - t0)
 
     def join(self) -> None:
-        """Until the queue is empty (or exit is under way) and the thread has ended."""
+        """Until the queue is empty (or exit is under way) and the thread has ended (without pausing any more)."""
+        self.pacer.hurry()
         while (thread := self._thread) is not None and thread.is_alive():
             thread.join()
 
@@ -119,6 +132,8 @@ class ProgramFamily:
     def get(self, T: int):
         """Bucket T's program: built already, waited for if another thread builds it, else built now."""
         program = self._ready.get(T)
+        if not _BUILDER.on_builder_thread():  # a step (or a warmup) asks: the builder paces itself
+            _BUILDER.pacer.note_demand()
         if program is None:
             program = self._ready[T] = self._claim_or_wait(T)
         return program
@@ -180,6 +195,11 @@ def join_background() -> None:
     """Until the background builder has built everything queued on it (tools and tests that want the builds to
     happen there, not on their own thread as `ProgramFamily.wait` does)."""
     _BUILDER.join()
+
+
+def background_pacer() -> BuildPacer:
+    """The background builder's pacer (build_pacing.py)."""
+    return _BUILDER.pacer
 
 
 def clear_shared_programs() -> None:

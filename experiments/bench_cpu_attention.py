@@ -9,6 +9,8 @@ over the rounds):
   ffi      both halves on the kernel (one call): the CPU default now
   ffi_t1   the kernel alone, calling thread only
   ffi_t2   the kernel alone, calling thread + 1 helper from XLA's intra-op pool
+  dots_t1, dots_t2   ffi_t1, ffi_t2 with bf16_dots (bf16 pages: decode rows by AVX512-BF16's vdpbf16ps, q and the
+           softmax weights rounded to bf16; elsewhere the same kernel as ffi_*)
 Prints one JSON line per (case, variant): median ms, and GB/s of K+V read (2 * S * ctx * K * H * itemsize /
 time) for decode, GFLOP/s (4 * N * H * visible (query, key) pairs / time) for prefill.
 
@@ -79,13 +81,17 @@ def make_step(S, ctx, N, K, H, G, dtype, rng, q_len=1):
 
 def variants():
     full = lambda d, p: jax.jit(lambda *a: xla_ragged_paged_attention(*a, decode_impl=d, prefill_impl=p))
-    kernel = lambda n: jax.jit(lambda *a: cpu_attention.cpu_ragged_attention(*a, num_threads=n))
+    kernel = lambda n, dots=False: jax.jit(
+        lambda *a: cpu_attention.cpu_ragged_attention(*a, num_threads=n, bf16_dots=dots)
+    )
     table = {
         "xla": full("xla", "xla"),
         "before": full("ffi", "xla"),
         "ffi": full("ffi", "ffi"),
         "ffi_t1": kernel(1),
         "ffi_t2": kernel(2),
+        "dots_t1": kernel(1, True),
+        "dots_t2": kernel(2, True),
     }
     return {name: table[name] for name in _VARIANTS.value}
 
@@ -111,6 +117,7 @@ def main(argv):
     rng = np.random.default_rng(_SEED.value)
     dtype = jnp.dtype(_DTYPE.value)
     labels = dict(build=auto.build_kind(), xla_max_isa=xla_max_isa(), dtype=dtype.name)
+    load_before = os.getloadavg()[0]
     runs = []
     for shape in _SHAPES.value:
         N, K, H = SHAPES[shape]
@@ -152,6 +159,8 @@ def main(argv):
             runs=runs,
             what="one attention layer: the C++ kernel against XLA's loops, interleaved rounds",
             settings=dict(labels, page_size=_PAGE_SIZE.value, seed=_SEED.value),
+            load_average_before=load_before,
+            load_average_after=os.getloadavg()[0],
         )
 
 

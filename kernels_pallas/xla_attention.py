@@ -69,9 +69,11 @@ def resolve_prefill_impl(prefill_impl: str = "auto") -> str:
     return _resolve(prefill_impl, PREFILL_ENV_VAR, "prefill_impl", "prefill_attention")
 
 
-def resolve_cpu_impls() -> tuple[str, str]:
-    """(decode, prefill) implementations the default options trace to: part of every step program's key."""
-    return resolve_decode_impl(), resolve_prefill_impl()
+def resolve_cpu_impls() -> tuple[str, str, bool]:
+    """(decode, prefill) implementations the default options trace to, and whether the C++ decode kernel may take
+    bf16 dot products over bf16 pages ($CBJAX_ATTENTION_BF16_DOTS, read at trace time): part of every step
+    program's key, so a program built under one choice is never loaded under another."""
+    return resolve_decode_impl(), resolve_prefill_impl(), cpu_attention.resolve_bf16_dots()
 
 
 @functools.cache

@@ -7,9 +7,17 @@ and p . V in registers. `cpu_ragged_attention` fills the rows of decode sequence
 of prefill sequences (q_len > 1, prefill_attention.cc), or both, and leaves every other row zero (for the XLA path
 to fill, when it does the other kind). `cpu_decode_attention` is its decode-only form.
 
+bf16 dot products: over bfloat16 pages the decode rows can run on AVX512-BF16's vdpbf16ps, with q and the softmax
+weights rounded to bf16 (the rounding a bf16 model's matmul inputs get; products exact, sums in float32). That
+changes results, so it is a choice the caller makes (`bf16_dots`, default from `$CBJAX_ATTENTION_BF16_DOTS`, "on" or
+"off", off unless set); the handler takes it where it applies (bf16 pages, a head dim that is a multiple of 32, a
+build with AVX512-BF16) and runs the float32-math kernel otherwise. float32 and int8 pages never see it.
+
 The handler lives in the CPU kernels' shared library (library.py builds, caches and registers it on first use);
 `available()` is False without a C++ compiler or when the build fails, and callers take the XLA path then.
 """
+
+import os
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +26,7 @@ import numpy as np
 from kernels_pallas import kv_quant
 from kernels_pallas.cpu import library
 
+BF16_DOTS_ENV_VAR = "CBJAX_ATTENTION_BF16_DOTS"
 ROWS = {"decode": 1, "prefill": 2, "both": 3}  # which sequences' rows a call fills (the handler's `rows`)
 
 
@@ -47,13 +56,15 @@ def cpu_ragged_attention(
     num_threads: int | None = None,
     k_scales=None,
     v_scales=None,
+    bf16_dots: bool | None = None,
 ):
     """Ragged paged attention over the cache: [T, N, H] in q's dtype. `rows` picks the sequences whose rows are
     filled (all heads): "decode" (q_len 1), "prefill" (q_len > 1) or "both"; every other row is zero. Shapes and
     masking rules: docs/kernels.md. q float32 or bfloat16; k_pages and v_pages one of those too (may differ from
     q's: a float32 model with a bfloat16 cache), or int8 with their float32 scales k_scales / v_scales
     [K, P, G, 1] (kernels_pallas/kv_quant.py). `num_threads` (default: this process's CPUs) caps the threads the
-    kernel uses (1: the calling thread only). Jittable; runs on the CPU backend only. Raises RuntimeError if the
+    kernel uses (1: the calling thread only). `bf16_dots`: see the module docstring (None: the environment's
+    choice). Jittable; runs on the CPU backend only. Raises RuntimeError if the
     kernel is unavailable (see `available`)."""
     target = library.attention_target()
     if target is None:
@@ -99,7 +110,16 @@ def cpu_ragged_attention(
         sliding_window=np.int32(0 if sliding_window is None else sliding_window),
         num_threads=np.int32(library.default_num_threads() if num_threads is None else num_threads),
         rows=np.int32(ROWS[rows]),
+        bf16_dots=np.int32(resolve_bf16_dots() if bf16_dots is None else bool(bf16_dots)),
     )
+
+
+def resolve_bf16_dots() -> bool:
+    """Whether `$CBJAX_ATTENTION_BF16_DOTS` allows bf16 dot products over bf16 pages ("on"; "off" or unset: no)."""
+    value = os.environ.get(BF16_DOTS_ENV_VAR, "off")
+    if value not in ("on", "off"):
+        raise ValueError(f"{BF16_DOTS_ENV_VAR} must be 'on' or 'off', got {value!r}")
+    return value == "on"
 
 
 def cpu_decode_attention(*args, **kwargs):

@@ -154,6 +154,9 @@ using AttendFn = void (*)(const Problem&, const Item&, int64_t kv_head, Scratch&
 // The kernels for q's dtype, the pages' dtype (F32, BF16 or S8) and the head dim.
 AttendFn pick_decode(xla::ffi::DataType q, xla::ffi::DataType kv, int64_t H);
 AttendFn pick_prefill(xla::ffi::DataType q, xla::ffi::DataType kv, int64_t H);
+// The decode kernel with AVX512-BF16 dot products (q and the softmax weights rounded to bf16) for bf16 pages;
+// null where it does not apply (other pages, a head dim not a multiple of 32, a build without AVX512-BF16).
+AttendFn pick_decode_bf16_dots(xla::ffi::DataType q, xla::ffi::DataType kv, int64_t H);
 
 // Instantiates KERNEL<Q, E, HC> for the (q dtype, kv dtype, head dim) at hand: HC is the head dim for the common
 // ones (fully unrolled, in registers) and 0 (runtime H) otherwise.

@@ -114,7 +114,7 @@ using F32Buffer = ffi::Buffer<ffi::F32>;
 ffi::Error RaggedAttention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k_pages, ffi::AnyBuffer v_pages,
                            I32Vector kv_lens, I32Matrix page_indices, I32Vector cu_q_lens, I32Vector num_seqs,
                            F32Buffer k_scales, F32Buffer v_scales, float sm_scale, float soft_cap,
-                           int32_t sliding_window, int32_t num_threads, int32_t rows,
+                           int32_t sliding_window, int32_t num_threads, int32_t rows, int32_t bf16_dots,
                            ffi::Result<ffi::AnyBuffer> out) {
   auto qd = q.dimensions(), kd = k_pages.dimensions(), pd = page_indices.dimensions();
   if (qd.size() != 3 || kd.size() != 4 || v_pages.dimensions().size() != 4)
@@ -165,6 +165,10 @@ ffi::Error RaggedAttention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffe
   auto batch = std::make_shared<Batch>();
   batch->p = p;
   batch->decode = pick_decode(dt, kv_dt, p.H);
+  // bf16_dots: a permission (the caller accepts q and the softmax weights rounded to bf16), taken where it applies.
+  if (bf16_dots) {
+    if (AttendFn fast = pick_decode_bf16_dots(dt, kv_dt, p.H)) batch->decode = fast;
+  }
   batch->prefill = pick_prefill(dt, kv_dt, p.H);
   const int64_t live = std::min<int64_t>(std::max<int32_t>(num_seqs.typed_data()[0], 0), p.S);
   make_items(p, kv_lens.typed_data(), cu_q_lens.typed_data(), live, rows, batch->items);
@@ -201,5 +205,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(CbjaxCpuRaggedAttention, cbjax_cpu::RaggedAttentio
                                   .Attr<int32_t>("sliding_window")  // <= 0: none
                                   .Attr<int32_t>("num_threads")     // <= 0: the intra-op pool's size
                                   .Attr<int32_t>("rows")            // 1 decode, 2 prefill, 3 both
+                                  .Attr<int32_t>("bf16_dots")       // 1: decode over bf16 pages by vdpbf16ps
                                   .Ret<ffi::AnyBuffer>()            // out [T, N, H], q's dtype
 );

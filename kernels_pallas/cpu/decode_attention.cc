@@ -356,8 +356,192 @@ void Decode<Q, E, HC>::run(const Problem& p, const Item& it, int64_t kh, Scratch
     for (int64_t h = 0; h < H; ++h) store(out + r * H + h, acc[r * H + h] * inv_sum[r]);
 }
 
+#if defined(__AVX512BF16__)
+// Decode over bf16 pages with AVX512-BF16's dot products (the handler's `bf16_dots`: q and the softmax weights
+// rounded to bf16, as a bf16 model's matmul inputs are; products exact in f32, sums in f32). vdpbf16ps(acc, a, b)
+// adds a[2i] b[2i] + a[2i + 1] b[2i + 1] to lane i, so
+//   q . k: the bf16 q row against a K row as it lies in the page (pairs of adjacent h), HC / 32 instructions per
+//          row and head instead of HC / 16 FMAs and the widening of every K element; the 16 lanes of 16 rows are
+//          summed by sum_lanes16 as in Decode;
+//   p . V: two V rows t, t + 1 interleaved element by element (vpunpck{l,h}wd: within each 128-bit lane, h 0..3
+//          and 4..7 of the lane's 8) against the pair (p[t], p[t + 1]) broadcast, HC / 32 instructions per row
+//          pair per head (x 2 for the lo and hi halves) instead of HC / 16 FMAs per row; the accumulators hold h
+//          in that interleaved order and are put back in order once per item.
+// Rows pair up within a page (a page's last odd row pairs with a zero row of weight 0: the row past it may be NaN
+// or another sequence's). Every output is one fixed chain of instructions per item: deterministic, independent of
+// the thread count.
+template <typename Q, int HC>
+struct DecodeBf16Dots {
+  static_assert(HC % 32 == 0, "bf16 dots need HC a multiple of 32");
+  static constexpr int C = HC / 32;  // zmm of 32 bf16 per row
+
+  static void run(const Problem& p, const Item& it, int64_t kh, Scratch& scratch);
+};
+
+template <typename Q, int HC>
+void DecodeBf16Dots<Q, HC>::run(const Problem& p, const Item& it, int64_t kh, Scratch& scratch) {
+  constexpr int64_t H = HC;
+  const int64_t R = p.R, G = p.G;
+  const int64_t n = it.end - it.start;
+  // q rows rounded to bf16 (unscaled: a bf16 q is kept exactly; the scale multiplies the scores), then the
+  // softmax weights in bf16 [R, n + 1] (one spare for a pair's zero partner), both in scratch.q's floats.
+  scratch.q.resize(R * H / 2 + (R * (n + 1) + 1) / 2 + 16);
+  scratch.s.resize(std::max<int64_t>(R * n, 1));
+  scratch.acc.resize(R * H);
+  uint16_t* qb = reinterpret_cast<uint16_t*>(scratch.q.data());
+  uint16_t* pb = qb + R * H;
+  float* __restrict s = scratch.s.data();
+
+  const Q* q = static_cast<const Q*>(p.q) + (static_cast<int64_t>(it.row) * p.N + kh * R) * H;
+  for (int64_t i = 0; i < R * H; ++i) {
+    Bf16 b;
+    store(&b, load(q[i]));
+    qb[i] = b.bits;
+  }
+  const Bf16* kbase = static_cast<const Bf16*>(p.k) + kh * p.P * G * H;
+  const Bf16* vbase = static_cast<const Bf16*>(p.v) + kh * p.P * G * H;
+  const int32_t* table = p.page_indices + static_cast<int64_t>(it.seq) * p.W;
+  auto page_of = [&](int64_t j) -> int64_t { return std::min<int64_t>(std::max<int64_t>(table[j], 0), p.P - 1); };
+  const int64_t last_page = (it.end - 1) / G;
+  const int64_t page_bytes = G * H * static_cast<int64_t>(sizeof(Bf16));
+  auto prefetch_page = [&](const Bf16* base, int64_t j) {
+    if (j > last_page) return;
+    const char* a = reinterpret_cast<const char*>(base + page_of(j) * G * H);
+    for (int64_t b = 0; b < page_bytes; b += 64) __builtin_prefetch(a + b, 0, 3);
+  };
+  for (int64_t d = 0; d < kPrefetchPages; ++d) prefetch_page(kbase, it.start / G + d);
+
+  // Pass 1: s[r * n + (pos - start)] = scale * (q_r . k_pos), 16 positions per vector.
+  const __m512 scale = _mm512_set1_ps(p.scale);
+  for (int64_t j = it.start / G; j * G < it.end; ++j) {
+    const int64_t lo = std::max<int64_t>(it.start, j * G), hi = std::min<int64_t>(it.end, (j + 1) * G);
+    const Bf16* kp = kbase + page_of(j) * G * H;
+    prefetch_page(kbase, j + kPrefetchPages);
+    if (j + kPrefetchPages > last_page) prefetch_page(vbase, it.start / G + j + kPrefetchPages - last_page - 1);
+    for (int64_t b = lo; b < hi; b += 16) {
+      const int64_t count = std::min<int64_t>(16, hi - b);
+      const __mmask16 lanes = static_cast<__mmask16>((1u << count) - 1u);
+      const Bf16* krows = kp + (b - j * G) * H;
+      for (int64_t r = 0; r < R; ++r) {
+        __m512bh qv[C];
+        for (int c = 0; c < C; ++c) qv[c] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(qb + r * H + 32 * c));
+        __m512 x[16];
+        for (int t = 0; t < 16; ++t) {
+          x[t] = _mm512_setzero_ps();
+          if (t < count)
+            for (int c = 0; c < C; ++c)
+              x[t] = _mm512_dpbf16_ps(x[t], qv[c],
+                                      reinterpret_cast<__m512bh>(_mm512_loadu_si512(krows + t * H + 32 * c)));
+        }
+        _mm512_mask_storeu_ps(s + r * n + (b - it.start), lanes, _mm512_mul_ps(sum_lanes16(x), scale));
+      }
+    }
+  }
+  if (p.soft_cap > 0.0f)
+    for (int64_t i = 0; i < R * n; ++i) s[i] = p.soft_cap * std::tanh(s[i] / p.soft_cap);
+
+  // Softmax numerators, rounded to bf16 into pb [R, n + 1]; the sums (of the f32 numerators) in scratch.l.
+  scratch.l.resize(R);
+  float* __restrict inv_sum = scratch.l.data();
+  for (int64_t r = 0; r < R; ++r) {
+    float* __restrict sr = s + r * n;
+    const float mr = max_of(sr, n);
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < n; ++i) {
+      float e = exp_nonpositive(sr[i] - mr);
+      sr[i] = e;
+      sum += e;
+    }
+    inv_sum[r] = 1.0f / sum;
+    uint16_t* pr = pb + r * (n + 1);
+    for (int64_t i = 0; i < n; ++i) {
+      Bf16 b;
+      store(&b, sr[i]);
+      pr[i] = b.bits;
+    }
+    pr[n] = 0;
+  }
+
+  // Pass 2: heads in groups of up to kGroup, their 2 C accumulators each in registers across all the pages.
+  constexpr int kGroup = std::max(1, std::min(8, 16 / (2 * C)));
+  float* __restrict acc = scratch.acc.data();
+  for (int64_t r0 = 0; r0 < R; r0 += kGroup) {
+    const int64_t rb = std::min<int64_t>(kGroup, R - r0);
+    __m512 a[kGroup][2 * C];
+    for (int r = 0; r < kGroup; ++r)
+      for (int c = 0; c < 2 * C; ++c) a[r][c] = _mm512_setzero_ps();
+    auto pair = [&](const Bf16* v0, const Bf16* v1, int64_t t, bool second) {
+      __m512i x[2 * C];
+      for (int c = 0; c < C; ++c) {
+        const __m512i e = _mm512_loadu_si512(v0 + 32 * c);
+        const __m512i o = second ? _mm512_loadu_si512(v1 + 32 * c) : _mm512_setzero_si512();
+        x[2 * c] = _mm512_unpacklo_epi16(e, o);
+        x[2 * c + 1] = _mm512_unpackhi_epi16(e, o);
+      }
+      for (int r = 0; r < kGroup; ++r) {
+        if (r >= rb) break;
+        uint32_t w;  // (p[t], p[t + 1]) of head r0 + r; pb's spare slot makes the partner 0 at the end
+        std::memcpy(&w, pb + (r0 + r) * (n + 1) + t, sizeof w);
+        if (!second) w &= 0xffffu;
+        const __m512bh wv = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int32_t>(w)));
+        for (int c = 0; c < 2 * C; ++c) a[r][c] = _mm512_dpbf16_ps(a[r][c], wv, reinterpret_cast<__m512bh>(x[c]));
+      }
+    };
+    for (int64_t j = it.start / G; j * G < it.end; ++j) {
+      const int64_t lo = std::max<int64_t>(it.start, j * G), hi = std::min<int64_t>(it.end, (j + 1) * G);
+      const Bf16* vrows = vbase + (page_of(j) * G + (lo - j * G)) * H;
+      prefetch_page(vbase, j + kPrefetchPages);
+      const int64_t t0 = lo - it.start, count = hi - lo;
+      int64_t t = 0;
+      for (; t + 2 <= count; t += 2) pair(vrows + t * H, vrows + (t + 1) * H, t0 + t, true);
+      if (t < count) pair(vrows + t * H, nullptr, t0 + t, false);
+    }
+    // Lane 4L + i of a[r][2c] is h = 32c + 8L + i, of a[r][2c + 1] h = 32c + 8L + 4 + i (i < 4).
+    for (int64_t r = 0; r < rb; ++r)
+      for (int c = 0; c < C; ++c) {
+        alignas(64) float lo_h[16], hi_h[16];
+        _mm512_store_ps(lo_h, a[r][2 * c]);
+        _mm512_store_ps(hi_h, a[r][2 * c + 1]);
+        float* dst = acc + (r0 + r) * H + 32 * c;
+        for (int L = 0; L < 4; ++L)
+          for (int i = 0; i < 4; ++i) {
+            dst[8 * L + i] = lo_h[4 * L + i];
+            dst[8 * L + 4 + i] = hi_h[4 * L + i];
+          }
+      }
+  }
+
+  Q* out = static_cast<Q*>(p.out) + (static_cast<int64_t>(it.row) * p.N + kh * R) * H;
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t h = 0; h < H; ++h) store(out + r * H + h, acc[r * H + h] * inv_sum[r]);
+}
+#endif
+
 }  // namespace
 
 AttendFn pick_decode(xla::ffi::DataType q, xla::ffi::DataType kv, int64_t H) { return Picker<Decode>::pick(q, kv, H); }
+
+AttendFn pick_decode_bf16_dots(xla::ffi::DataType q, xla::ffi::DataType kv, int64_t H) {
+#if defined(__AVX512BF16__)
+  if (kv != xla::ffi::DataType::BF16) return nullptr;
+  const bool f32 = q == xla::ffi::DataType::F32;
+  switch (H) {
+    case 32:
+      return f32 ? DecodeBf16Dots<float, 32>::run : DecodeBf16Dots<Bf16, 32>::run;
+    case 64:
+      return f32 ? DecodeBf16Dots<float, 64>::run : DecodeBf16Dots<Bf16, 64>::run;
+    case 128:
+      return f32 ? DecodeBf16Dots<float, 128>::run : DecodeBf16Dots<Bf16, 128>::run;
+    case 256:
+      return f32 ? DecodeBf16Dots<float, 256>::run : DecodeBf16Dots<Bf16, 256>::run;
+    default:
+      return nullptr;
+  }
+#else
+  (void)q, (void)kv, (void)H;
+  return nullptr;
+#endif
+}
 
 }  // namespace cbjax_cpu

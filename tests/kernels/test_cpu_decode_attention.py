@@ -290,6 +290,82 @@ def test_build_failure_falls_back_to_xla(monkeypatch, tmp_path):
             assert "no C++ compiler" in cpu_attention.unavailable_reason()
 
 
+# ---- bf16 dot products (AVX512-BF16) over bf16 pages -------------------------------------------------------------
+
+
+def _decode(args, **kw):
+    return np.asarray(jax.jit(lambda *a: cpu_attention.cpu_decode_attention(*a, **kw))(*args), np.float32)
+
+
+def _bf16_dots_built() -> bool:
+    return bool(library.features() and library.features()["avx512bf16"])
+
+
+@needs_kernel
+@pytest.mark.parametrize("q_dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("H,R,window,soft_cap", [(64, 4, None, None), (32, 8, 37, None), (128, 2, None, 30.0)])
+def test_bf16_dots_match_naive_on_rounded_queries(cpu_build, q_dtype, H, R, window, soft_cap):
+    """bf16_dots over bf16 pages: the reference sees q rounded to bf16 (as the kernel does); the softmax weights'
+    rounding to bf16 adds ~2^-9 relative. NaN fills every slot past each context and odd page tails pair with a
+    zero row, so an output stays finite only if no NaN row is multiplied in. A build without AVX512-BF16 (the
+    portable one) runs the float32-math kernel: bit for bit what it gives without the flag."""
+    args = decode_case(R * 100 + H, N=2 * R, H=H, G=16)
+    q = jnp.asarray(args[0], q_dtype)
+    k, v = (jnp.asarray(x, jnp.bfloat16) for x in args[1:3])
+    inputs = (q, k, v, *args[3:])
+    got = _decode(inputs, bf16_dots=True, sliding_window=window, soft_cap=soft_cap)
+    plain = _decode(inputs, bf16_dots=False, sliding_window=window, soft_cap=soft_cap)
+    rows = decode_rows(args)
+    assert np.all(np.isfinite(got[rows]))
+    q_rounded = np.asarray(jnp.asarray(q, jnp.bfloat16), np.float32)
+    want = naive(q_rounded, *(np.asarray(x, np.float32) for x in (k, v)), *args[3:], window=window, soft_cap=soft_cap)
+    np.testing.assert_allclose(got[rows], want[rows], atol=1e-2, rtol=1e-2)
+    others = np.setdiff1d(np.arange(got.shape[0]), rows)
+    assert np.all(got[others] == 0)
+    if cpu_build == "native" and _bf16_dots_built():
+        assert not np.array_equal(got, plain), "bf16_dots did not reach the vdpbf16ps kernel"
+    else:
+        np.testing.assert_array_equal(got, plain)
+
+
+@needs_kernel
+@pytest.mark.parametrize("pages,H", [(jnp.float32, 64), (jnp.int8, 64), (jnp.bfloat16, 40)])
+def test_bf16_dots_leave_other_pages_and_head_dims_bit_identical(pages, H):
+    """Where the bf16 dot kernel does not apply (float32 or int8 pages, a head dim not a multiple of 32) the flag
+    changes nothing, bit for bit."""
+    args = decode_case(H, H=H)
+    if pages == jnp.int8:
+        k, v = (jnp.asarray(np.clip(np.nan_to_num(x) * 30, -127, 127), jnp.int8) for x in args[1:3])
+        scales = jnp.full((*k.shape[:3], 1), 1 / 30, jnp.float32)
+        kw = dict(k_scales=scales, v_scales=scales)
+    else:
+        k, v = (jnp.asarray(x, pages) for x in args[1:3])
+        kw = {}
+    inputs = (args[0], k, v, *args[3:])
+    np.testing.assert_array_equal(_decode(inputs, bf16_dots=True, **kw), _decode(inputs, bf16_dots=False, **kw))
+
+
+@needs_kernel
+def test_bf16_dots_do_not_depend_on_the_thread_count():
+    rng = np.random.default_rng(11)
+    lens = list(rng.integers(1, 200, 40))
+    args = make_case(rng, [1] * len(lens), lens, K=2, N=8, H=64, G=16)
+    inputs = (args[0], *(jnp.asarray(x, jnp.bfloat16) for x in args[1:3]), *args[3:])
+    outs = [_decode(inputs, bf16_dots=True, num_threads=n) for n in (1, 2, 8)]
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+
+
+def test_bf16_dots_come_from_the_environment(monkeypatch):
+    monkeypatch.delenv(cpu_attention.BF16_DOTS_ENV_VAR, raising=False)
+    assert cpu_attention.resolve_bf16_dots() is False
+    monkeypatch.setenv(cpu_attention.BF16_DOTS_ENV_VAR, "on")
+    assert cpu_attention.resolve_bf16_dots() is True
+    monkeypatch.setenv(cpu_attention.BF16_DOTS_ENV_VAR, "yes")
+    with pytest.raises(ValueError, match="CBJAX_ATTENTION_BF16_DOTS"):
+        cpu_attention.resolve_bf16_dots()
+
+
 # ---- the engine on the FFI path -----------------------------------------------------------------------------
 
 

@@ -307,7 +307,8 @@ class LLMEngine:
             host_s = time.perf_counter() - t0 - handle.wait_s - handle.swap_s
             if spec is not None:
                 out = handle.out
-                counts |= spec.step_record(tally, out.num_draft_tokens, out.num_batched_tokens, host_s + handle.wait_s)
+                per_step = (host_s + handle.wait_s) / out.num_steps  # (a block's steps each cost a share)
+                counts |= spec.step_record(tally, out.num_draft_tokens, out.num_batched_tokens, per_step)
             self._record_step(handle, host_s, counts)
         return changed
 

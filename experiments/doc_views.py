@@ -301,6 +301,18 @@ def fidelity_verdicts_view(data) -> str:
     return "\n\n".join([fidelity_study.run_bias_line(data), fidelity_study.probe_line(data), lines])
 
 
+@view("draft_bound")
+def draft_bound_view(data, part: str) -> str:
+    """The draft model at batch 1 (experiments/draft_bound.py): part "fit", the standard speculative-decoding model
+    fitted to the runs beside the measured speedup; part "roofline", its prediction on accelerators."""
+    from experiments import draft_bound_report
+
+    parts = {"fit": draft_bound_report.fit_table, "roofline": draft_bound_report.roofline_table}
+    if part not in parts:
+        raise ValueError(f"part is one of {sorted(parts)}, got {part!r}")
+    return parts[part](data)
+
+
 @view("pivot")
 def pivot_view(
     data,

@@ -151,8 +151,7 @@ class Scheduler:
             self.config.max_num_batched_tokens,
             may_admit=self.policy.may_admit(self.running, self.waiting.requests, now),
         )
-        if self.speculator is not None:
-            self.speculator.begin_step(self.speculator.batch_size(self))
+        drafting = self.speculator is not None and self.speculator.begin_step(self.speculator.batch_size(self)) > 0
         if self.policy.admits_whole_batch:
             self._admit_batch(step)
         ranking = self._rank(self.running, now)
@@ -167,8 +166,8 @@ class Scheduler:
                 or (req.num_pending_tokens > 0 and req.pending_is_final(max_len))
             ):
                 continue
-            if req.pages and self.speculator is None and self._extend(req, step):
-                continue  # the common case: a running sequence's next chunk, its pages at hand
+            if req.pages and not drafting and self._extend(req, step):
+                continue  # the common case: a running sequence's next chunk, its pages at hand (no drafts: k = 0)
             place = self._placement(req, step.budget)
             if place is None:
                 # An unsplittable prompt waits for a step with room; later requests do not jump ahead of it.

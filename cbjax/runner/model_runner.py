@@ -120,8 +120,8 @@ class ModelRunner:
 
     def _families(self, num_scheduler_steps: int) -> tuple[ProgramFamily, ProgramFamily | None, ProgramFamily | None]:
         """The step programs (one per token bucket), the verifying ones (with speculation: a step without drafts
-        runs the plain program and costs what it costs without speculation), and the blocks of decode steps (the
-        scheduler plans none with speculation: a program per bucket of decodes only)."""
+        runs the plain program and costs what it costs without speculation), and the blocks of decode steps (a
+        program per bucket of decodes only; with speculation, for the steps whose draft-length rule chose k = 0)."""
         b = self.buckets
         family = lambda buckets, **kind: ProgramFamily(
             buckets, *(functools.partial(f, **kind) for f in (self._build_program, self._program_key)), self.compiles
@@ -130,7 +130,7 @@ class ModelRunner:
         verify = blocks = None
         if self.speculation is not None:
             verify = family(b.token_buckets, verify=True)
-        if num_scheduler_steps > 1 and not b.max_draft_tokens:
+        if num_scheduler_steps > 1:
             top = b.token_bucket(min(b.max_num_seqs, b.token_buckets[-1]))
             blocks = family([n for n in b.token_buckets if n <= top], steps=num_scheduler_steps)
         return plain, verify, blocks

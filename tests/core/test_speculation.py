@@ -128,7 +128,8 @@ def execute_with_drafts(kv: dict, sched: Scheduler, out) -> list:
     """The fake runner's step (tests/core/fake_runner.py) with verification: swaps first, then every token of every
     chunk (drafts included) is written into the KV pages; each sampling row reads its context back through the page
     table. A drafted sequence returns its
-    accepted drafts and the token sampled at its first rejected row (or the bonus token)."""
+    accepted drafts and the token sampled at its first rejected row (or the bonus token); a block of decode steps
+    (no drafts, cbjax/core/multi_step.py) a row of tokens per step."""
     G = sched.cache.page_size
     for dev, host in out.swap_out:
         for o in range(G):
@@ -161,7 +162,21 @@ def execute_with_drafts(kv: dict, sched: Scheduler, out) -> list:
             if y != draft:
                 break
         result.append(tokens)
-    return result
+    if out.num_steps == 1:
+        return result
+    rows = [result]  # a block of decode steps (a step without drafts): each further step as the device runs it
+    for i in range(1, out.num_steps):
+        row = []
+        for seq, prev in zip(out.seqs, rows[-1]):
+            if i >= seq.num_steps:
+                row.append(-3)  # past its steps: never read
+                continue
+            r, pos = seq.request, seq.num_computed_tokens + i
+            kv[r.pages[pos // G], pos % G] = (prev, pos)
+            ctx = tuple(kv.get((r.pages[p // G], p % G)) for p in range(pos + 1))
+            row.append(next_token(ctx, VOCAB) if None not in ctx else -2)
+        rows.append(row)
+    return rows
 
 
 def run_case_with_drafts(case: Case, k: int, seed: int) -> tuple[Scheduler, list]:

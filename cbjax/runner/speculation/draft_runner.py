@@ -92,6 +92,11 @@ class DraftRunner:
         for req in out.preempted:
             self.computed.pop(req, None)
         if not verify:
+            # A plain step (or block) writes no draft K/V: what the draft holds past the target's computed tokens
+            # is a rejected draft's, and must not count once the target moves past it.
+            for s in out.seqs:
+                if self.computed.get(s.request, 0) > s.num_computed_tokens:
+                    self.computed[s.request] = s.num_computed_tokens
             return
         chunks = []
         for s in out.seqs:

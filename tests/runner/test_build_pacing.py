@@ -8,7 +8,14 @@ import pytest
 
 from cbjax.runner.compilation.build_pacing import BuildPacer
 from cbjax.runner.compilation.counter import CompileCounter
-from cbjax.runner.compilation.program_family import ProgramFamily, background_pacer, join_background
+from cbjax.runner.compilation.program_family import (
+    BACKGROUND_DUTY,
+    DUTY_ENV_VAR,
+    ProgramFamily,
+    background_duty,
+    background_pacer,
+    join_background,
+)
 
 
 class FakeClock:
@@ -52,3 +59,16 @@ def test_a_serving_threads_request_notes_demand_the_builders_own_builds_do_not()
     assert sorted(built) == [8, 16] and pacer.last_demand == before  # the builder's gets
     assert threading.current_thread() is threading.main_thread()
     assert fam.get(8) == 8 and pacer.last_demand is not None and pacer.last_demand != before
+
+
+def test_background_duty_reads_the_environment(monkeypatch):
+    monkeypatch.delenv(DUTY_ENV_VAR, raising=False)
+    assert background_duty() == BACKGROUND_DUTY
+    monkeypatch.setenv(DUTY_ENV_VAR, "0.5")
+    assert background_duty() == 0.5
+    monkeypatch.setenv(DUTY_ENV_VAR, "fast")
+    with pytest.raises(ValueError, match=DUTY_ENV_VAR):
+        background_duty()
+    monkeypatch.setenv(DUTY_ENV_VAR, "0")
+    with pytest.raises(ValueError, match="duty"):  # out of (0, 1]: the pacer refuses it
+        BuildPacer(background_duty())

@@ -40,7 +40,19 @@ _SHARED_LOCK = threading.Lock()
 # aborts it ("terminate called ... exception not rethrown"), so exit waits for the program being built, not the rest.
 _EXITING = threading.Event()
 BACKGROUND_NICE = 10  # added to the builder thread's OS priority (Linux: a thread's nice is its own)
-BACKGROUND_DUTY = 0.25  # the share of the time the builder builds while steps are served (build_pacing.py)
+BACKGROUND_DUTY = 0.1  # the share of the time the builder builds while steps are served (build_pacing.py)
+DUTY_ENV_VAR = "CBJAX_BACKGROUND_BUILD_DUTY"  # overrides it: a share in (0, 1] (1: no pacing)
+
+
+def background_duty() -> float:
+    """The builder's duty: $CBJAX_BACKGROUND_BUILD_DUTY if set, else BACKGROUND_DUTY."""
+    value = os.environ.get(DUTY_ENV_VAR)
+    if not value:
+        return BACKGROUND_DUTY
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{DUTY_ENV_VAR} must be a number in (0, 1], got {value!r}") from None
 
 
 class _BackgroundBuilder:
@@ -52,7 +64,7 @@ class _BackgroundBuilder:
         self._order = itertools.count()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self.pacer = BuildPacer(BACKGROUND_DUTY)
+        self.pacer = BuildPacer(background_duty())
 
     def submit(self, family: "ProgramFamily") -> None:
         with self._lock:

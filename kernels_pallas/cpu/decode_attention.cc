@@ -181,6 +181,25 @@ inline float max_of(const float* __restrict x, int64_t n) {
 #endif
 }
 
+// Soft-capped (cap > 0) scores [R, n] turned into exact softmax numerators in place, row by row (the whole row of
+// scores is here: no running-max rescales); inv_sum[r] = 1 / row r's sum (>= 1: the max contributes exp(0)).
+inline void softmax_numerators(float* __restrict s, int64_t R, int64_t n, float cap, float* __restrict inv_sum) {
+  if (cap > 0.0f)
+    for (int64_t i = 0; i < R * n; ++i) s[i] = cap * std::tanh(s[i] / cap);
+  for (int64_t r = 0; r < R; ++r) {
+    float* __restrict sr = s + r * n;
+    const float mr = max_of(sr, n);
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < n; ++i) {
+      float e = exp_nonpositive(sr[i] - mr);
+      sr[i] = e;
+      sum += e;
+    }
+    inv_sum[r] = 1.0f / sum;
+  }
+}
+
 // Q: the dtype of q and the output; E: the dtype of the K/V pages (a float32 model may keep a bfloat16 cache).
 template <typename Q, typename E, int HC>
 struct Decode {
@@ -279,24 +298,9 @@ void Decode<Q, E, HC>::run(const Problem& p, const Item& it, int64_t kh, Scratch
       for (int64_t r = 0; r < R; ++r) s[r * n + (pos - it.start)] = dot<E, HC>(qs + r * H, krow, H) * row_scale;
     }
   }
-  if (cap > 0.0f)
-    for (int64_t i = 0; i < R * n; ++i) s[i] = cap * std::tanh(s[i] / cap);
-
-  // Softmax numerators in place, exact (the whole row of scores is here): no running-max rescales.
   scratch.l.resize(R);
   float* __restrict inv_sum = scratch.l.data();
-  for (int64_t r = 0; r < R; ++r) {
-    float* __restrict sr = s + r * n;
-    const float mr = max_of(sr, n);
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t i = 0; i < n; ++i) {
-      float e = exp_nonpositive(sr[i] - mr);
-      sr[i] = e;
-      sum += e;
-    }
-    inv_sum[r] = 1.0f / sum;  // sum >= 1: the max itself contributes exp(0)
-  }
+  softmax_numerators(s, R, n, cap, inv_sum);
   // int8 V: weight each row's softmax numerator by the row's scale (p * (v * scale) = (p * scale) * v).
   if (vscale) {
     for (int64_t j = it.start / G; j * G < it.end; ++j) {
@@ -437,23 +441,12 @@ void DecodeBf16Dots<Q, HC>::run(const Problem& p, const Item& it, int64_t kh, Sc
       }
     }
   }
-  if (p.soft_cap > 0.0f)
-    for (int64_t i = 0; i < R * n; ++i) s[i] = p.soft_cap * std::tanh(s[i] / p.soft_cap);
-
   // Softmax numerators, rounded to bf16 into pb [R, n + 1]; the sums (of the f32 numerators) in scratch.l.
   scratch.l.resize(R);
   float* __restrict inv_sum = scratch.l.data();
+  softmax_numerators(s, R, n, p.soft_cap, inv_sum);
   for (int64_t r = 0; r < R; ++r) {
-    float* __restrict sr = s + r * n;
-    const float mr = max_of(sr, n);
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t i = 0; i < n; ++i) {
-      float e = exp_nonpositive(sr[i] - mr);
-      sr[i] = e;
-      sum += e;
-    }
-    inv_sum[r] = 1.0f / sum;
+    const float* __restrict sr = s + r * n;
     uint16_t* pr = pb + r * (n + 1);
     for (int64_t i = 0; i < n; ++i) {
       Bf16 b;

@@ -1,7 +1,8 @@
 """Start-up: seconds from a fresh Python process to the first generated token of `LLM(MODEL)`.
 
   python -m experiments.startup --model llama-tiny [--warm_runs 3] [--engine_options '{"warmup": "full"}']
-      [--fresh_home] [--install [--install_before DIR]] [--doc_data docs/data/startup_DATE.json]
+      [--fresh_home] [--install [--install_before DIR]] [--lock /tmp/cbjax-cpu.lock]
+      [--doc_data docs/data/startup_DATE.json]
 
 Runs one process on an empty persistent compilation cache (cold: every program compiles), then `--warm_runs`
 processes on the same cache (a second process, as after a notebook restart), and prints one JSON line per process:
@@ -21,7 +22,8 @@ in the second venv. --install_before DIR: first the same install of the tree DIR
 -C DIR`), whose build environment may be lighter (no jax in it). The installs say what moving the one-time build
 to install time costs; with --fresh_home nothing built on this machine before is reused, at install or at run time.
 --doc_data PATH: also write the runs as a data file for the docs (cbjax/bench/doc_data.py), each with the load
-average before and after its process.
+average before and after its process. --lock PATH: hold the machine's measurement lock (experiments/measurement_lock.py)
+for each install and each process, released between them.
 """
 
 import json
@@ -34,6 +36,8 @@ import time
 
 from absl import app, flags
 
+from experiments.measurement_lock import held
+
 flags.DEFINE_string("model", "llama-tiny", "model name")
 flags.DEFINE_integer("warm_runs", 3, "processes run on the warm cache after the cold one")
 flags.DEFINE_string("engine_options", "{}", "JSON dict of extra LLM options")
@@ -42,6 +46,7 @@ flags.DEFINE_bool("fresh_home", False, "empty HOME and XDG_CACHE_HOME: the cold 
 flags.DEFINE_bool("install", False, "time installs of this tree into new venvs, then run the processes in one")
 flags.DEFINE_string("install_before", None, "with --install: also time an install of this tree (the code before)")
 flags.DEFINE_string("doc_data", None, "also write the runs as a data file for the docs (docs/data/*.json)")
+flags.DEFINE_string("lock", None, "flock held for each install and each process (the machine's measurement lock)")
 FLAGS = flags.FLAGS
 
 _CHILD = """
@@ -126,21 +131,24 @@ def main(argv):
     env = child_env(cache, FLAGS.fresh_home)
     python, installs = sys.executable, []
     if FLAGS.install_before:
-        installs.append(install(env, False, os.path.abspath(FLAGS.install_before), "before")[1])
+        with held(FLAGS.lock):
+            installs.append(install(env, False, os.path.abspath(FLAGS.install_before), "before")[1])
     if FLAGS.install:
         for kernels in (False, True):
-            python, run = install(env, kernels)
+            with held(FLAGS.lock):
+                python, run = install(env, kernels)
             installs.append(run)
     runs = []
     for i in range(1 + FLAGS.warm_runs):
-        before = load_average()
-        r = subprocess.run(
-            [python, "-c", _CHILD, FLAGS.model, FLAGS.engine_options],
-            capture_output=True,
-            text=True,
-            env=env,
-            check=False,
-        )
+        with held(FLAGS.lock):
+            before = load_average()
+            r = subprocess.run(
+                [python, "-c", _CHILD, FLAGS.model, FLAGS.engine_options],
+                capture_output=True,
+                text=True,
+                env=env,
+                check=False,
+            )
         if r.returncode:
             sys.exit(r.stderr)
         result = json.loads(r.stdout.strip().splitlines()[-1])

@@ -22,12 +22,12 @@ a flag of experiments.throughput. E.g. the previous tree's path through an env s
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import json
 import os
 import subprocess
 import sys
+
+from experiments.measurement_lock import held
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEER_SCRIPTS = os.path.join(os.path.dirname(HERE), "shared", "peers")
@@ -66,20 +66,6 @@ def run_process(cmd: list[str], env: dict, timeout: float) -> dict:
         "load_average_before": round(before, 2),
         "load_average_after": round(os.getloadavg()[0], 2),
     }
-
-
-@contextlib.contextmanager
-def held(path: str | None):
-    """Hold an exclusive flock on `path` (none when None)."""
-    if path is None:
-        yield
-        return
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def main(argv=None) -> None:

@@ -17,15 +17,17 @@ from cbjax.config import validation as check
 from cbjax.core.clock import Clock
 from cbjax.core.host_prefix_cache import host_cache_counters
 from cbjax.core.kv_handoff import admit_prefilled
-from cbjax.core.outputs import CompletionOutput, RequestOutput
-from cbjax.core.request import FinishReason, Request, RequestStatus
+from cbjax.core.outputs import RequestOutput
+from cbjax.core.request import Request, RequestStatus
 from cbjax.core.runner_contract import StepHandle
 from cbjax.core.sampling_params import SamplingParams
-from cbjax.core.sequence_group import group_output, group_problem, make_group, samples_of
+from cbjax.core.sequence_group import group_problem, make_group, samples_of
+from cbjax.core.speculation.speculative_blocks import receives_at_once
 from cbjax.engine_build import build_engine
 from cbjax.engine_config import EngineConfig
 from cbjax.model.config import ModelConfig
 from cbjax.model.llama import Llama
+from cbjax.output_builder import OutputBuilder
 from cbjax.runner.extras_runner import check_request as check_sampling_extras
 from cbjax.stop_strings import StopStrings
 from cbjax.structured import request_constraint
@@ -69,12 +71,14 @@ class LLMEngine:
         self.compilation_cache_dir, self.warmup_s = parts.compilation_cache_dir, parts.warmup_s
         self.requests: dict[str, Request] = {}
         self.stop_strings = StopStrings(self.tokenizer, self.scheduler)  # the requests with stop strings
-        self._decode = None if self.tokenizer is None else self.tokenizer.decode  # (bound once: read per output)
         self._pending: list[Request] = []  # finished outside a step (aborts) and not yet reported
         self._adopted: list[Request] = []  # taken over by adopt_request, their first token not reported yet
         # Unfinished requests sampled with extras (cbjax/runner/extras_runner.py) -> how many of their outputs their
         # structured-output constraint has accepted.
         self._with_extras: dict[Request, int] = {}
+        self.output_builder = OutputBuilder(
+            self.tokenizer, self.model_config, self.stop_strings, self.requests, self._with_extras
+        )
         self._arrivals = 0
         self.step_records: list[dict] = []
         self._in_flight: collections.deque = collections.deque()  # (StepHandle, its scheduler counters), oldest first
@@ -83,7 +87,8 @@ class LLMEngine:
         # its virtual clock here, so a token's time is the end of the step that made it (cbjax.bench.online).
         self.after_execute: Callable[[], None] | None = None
         # Instrumentation: a factory of context managers, `timed(part)`, put around the step ("step") and the
-        # scheduler's "schedule" and "update" (cbjax/bench/host_timers.py installs one; the runner has its own).
+        # scheduler's "schedule" and "update", and building the step's "outputs" (cbjax/bench/host_timers.py installs
+        # one; the runner has its own).
         # None (the default) costs one attribute check per call.
         self.timed: Callable[[str], AbstractContextManager] | None = None
         # False: `step` returns outputs only for requests that finished (a benchmark harness that reads each
@@ -271,14 +276,19 @@ class LLMEngine:
             self._in_flight.append((handle, {k: v - before[k] for k, v in self._counters().items()}))
             self.num_steps += 1
         # A step that verifies drafts is received at once: how far its sequences advance is known only then.
-        drafts = spec is not None and out.num_draft_tokens  # (a sum over the step's sequences: only with drafts)
+        drafts = spec is not None and receives_at_once(out)  # (drafts, or a speculative block)
         keep = 1 if self.config.scheduler.async_scheduling and dispatched and not drafts else 0
         changed += self._receive(keep, t0)
         if not self.stream_outputs:  # building an output per token was ~10% of a simulated run's time
             changed = [r for r in changed if r.status is _FINISHED]
-        outputs = self._outputs(changed) if changed else []
+        timed, build = self.timed, self.output_builder
+        if timed is None:
+            outputs = build.outputs(changed) if changed else []
+        else:
+            with timed("outputs"):
+                outputs = build.outputs(changed) if changed else []
         if self._pending:
-            outputs += [self._output(r, 0) for r in self._pending]
+            outputs += [build.output(r, 0) for r in self._pending]
             self._pending.clear()
         return outputs
 
@@ -335,74 +345,6 @@ class LLMEngine:
             prefix_hit_tokens=sched.pool.hit_tokens,  # both tiers
             **host_cache_counters(sched.host_cache),
         )
-
-    def _outputs(self, changed: list[Request]) -> list[RequestOutput]:
-        """One output per request in `changed` (in order of first appearance), with as many new tokens as it appears
-        times: once per token received (several with speculation or a block of decode steps)."""
-        counts = dict.fromkeys(changed, 1)
-        if len(counts) != len(changed):
-            counts = collections.Counter(changed)
-        output = self._output
-        if any(r.group is not None for r in counts):  # a group's samples make one output (in first-seen order)
-            members = {r.group or r: r for r in counts}.values()  # one per group (or lone request), first-seen order
-            return [output(r, counts[r]) if r.group is None else self._group_output(r.group, counts) for r in members]
-        return [output(r, n) for r, n in counts.items()]
-
-    def _group_output(self, group, counts: dict) -> RequestOutput:
-        """A sequence group's one output: a completion per sample (core/sequence_group.py)."""
-        out = group_output(group, [self._output(s, counts.get(s, 0), sample=True) for s in group.samples])
-        if out.finished:
-            self.requests.pop(group.head.request_id, None)
-        return out
-
-    def _output(self, req: Request, num_new: int, sample: bool = False) -> RequestOutput:
-        """The output of a request (of its group: `_group_output`), or of one `sample` of a group."""
-        if req.group is not None and not sample:
-            return self._group_output(req.group, {req: num_new})
-        finished = req.status is _FINISHED
-        if finished and req.group is None:
-            self.requests.pop(req.request_id, None)
-            self._with_extras.pop(req, None)
-        reason = req.finish_reason
-        tokens = req.output_token_ids
-        n = len(tokens) - req.num_pending_tokens  # what the host has received (known_output_token_ids)
-        text = None
-        if req in self.stop_strings.streams:
-            text, stop_string, num_new = self.stop_strings.output(req, finished)
-        completion = CompletionOutput.received(0, tokens, n, num_new, None if reason is None else reason.value)
-        if req.logprobs is not None:
-            completion.logprobs, completion.cumulative_logprob = req.logprobs[:n], req.cumulative_logprob
-        if text is not None:
-            completion.text = text
-            completion.stop_reason = stop_string if stop_string is not None else self._stop_token(req)
-        elif self._decode is not None:  # the text, decoded only if read
-            if reason is None:
-                completion.decode_text_with(self._decode)
-            else:
-                completion.decode_text_with(self._decoder(req))
-                completion.stop_reason = self._stop_token(req)
-        out = RequestOutput(req.request_id, req.prompt_token_ids, [completion], finished, req.metrics, req.error)
-        out.prompt_logprobs = req.prompt_logprobs
-        return out
-
-    def _decoder(self, req: Request) -> Callable[[list[int]], str]:
-        """How an output's text is decoded when read: the text of a stop token (or EOS) that ended it is left out,
-        unless include_stop_str_in_output (vLLM)."""
-        decode = self.tokenizer.decode
-        if req.finish_reason is FinishReason.STOP and not req.params.include_stop_str_in_output:
-            return lambda ids: decode(ids[:-1])
-        return decode
-
-    def _stop_token(self, req: Request) -> int | None:
-        """vLLM's stop_reason of an output ended by a token: the stop token id, None for EOS (or the checkpoint's
-        other eos ids, which add_request made stop ids)."""
-        p, tokens = req.params, req.output_token_ids
-        if req.finish_reason is not FinishReason.STOP or not tokens:
-            return None
-        t, mcfg = tokens[-1], self.model_config
-        if not p.ignore_eos and (t == mcfg.eos_token_id or t in mcfg.extra_eos_token_ids):
-            return None
-        return t if t in p.stop_token_ids else None
 
     def _record_step(self, handle: StepHandle, host_s: float, counts: dict[str, int]) -> None:
         sched, runner, out = self.scheduler, self.runner, handle.out

@@ -3,6 +3,7 @@
 
   python -m experiments.bench_sim_speed --config=configs/sim_zoo.py [--repeats=3] [--policies=fcfs,static] \\
       [--jobs=2] [--doc_data=docs/data/sim_speed_DATE.json]
+  python -m experiments.bench_sim_speed --merge=A.json,B.json,C.json --sitting="COMMANDS" --doc_data=OUT.json
 
 The repeats are interleaved: each goes through every policy once, starting one policy later than the repeat
 before, so a slow minute of a shared machine falls on all of them. With `workload.load` the capacity run that sets
@@ -10,6 +11,9 @@ the arrival rate is made once, before the timed runs, and timed on its own (`cap
 wall time of all its policies' runs, timed as one. CPU seconds are this process's (time.process_time): on a shared
 machine they move much less with the other jobs' load than wall seconds, which is why both are kept, with the load
 average before and after every run. --doc_data writes every run (cbjax/bench/doc_data.py) for the docs' tables.
+
+--merge combines the --doc_data files of --repeats=1 invocations into one (a sitting that alternates the previous
+tree and this one, a process each, repeat by repeat), `run` numbered by the file's place in the list.
 
 --jobs=N runs a repeat's entries in N worker processes at once (spawned after the capacity run, handed the config
 and the workload once, and warmed up on its first 100 requests; their start is not timed). Each entry is still one
@@ -40,6 +44,8 @@ def define_flags() -> None:
     flags.DEFINE_list("policies", None, "a subset of config.policies (default: all)")
     flags.DEFINE_integer("jobs", 1, "worker processes running a repeat's entries at once (1: this process only)")
     flags.DEFINE_string("doc_data", None, "also write a data file for the docs (every run, raw) to this path")
+    flags.DEFINE_list("merge", None, "instead of running: the --doc_data files of single-repeat invocations, merged")
+    flags.DEFINE_string("sitting", None, "with --merge: the sitting's commands (the merged file's `command`)")
 
 
 def _timed(fn):
@@ -139,8 +145,40 @@ def bench(cfg, requests, names: list[str], repeats: int, jobs: int = 1) -> tuple
     return runs, cap_record
 
 
+def merge(paths: list[str], out: str, sitting: str) -> None:
+    """One data file from the --doc_data files of --repeats=1 invocations (the repeats of a sitting that alternates
+    two trees, each invocation a process of its own): every run kept, `run` renumbered by the file's place."""
+    import json
+
+    from cbjax.bench.doc_data import write_doc_data
+
+    parts = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            parts.append(json.load(f))
+    runs = [dict(r, run=k + 1) for k, part in enumerate(parts) for r in part["runs"]]
+    keep = ("what", "num_requests", "jobs")
+    write_doc_data(
+        out,
+        command=sitting,
+        runs=runs,
+        **{k: parts[0][k] for k in keep if k in parts[0]},
+        merged_from=[
+            dict(file=p, commit=part["commit"], dirty=part["dirty"], date=part["date"]) for p, part in zip(paths, parts)
+        ],
+        capacity_runs=[part.get("capacity_run") for part in parts],
+        load_average_before=parts[0].get("load_average_before"),
+        load_average_after=parts[-1].get("load_average_after"),
+    )
+    print(f"data: {out} ({len(runs)} runs from {len(parts)} files)")
+
+
 def main(argv):
     del argv
+    if FLAGS.merge:
+        if not FLAGS.doc_data or not FLAGS.sitting:
+            sys.exit("bench_sim_speed: --merge needs --doc_data (the merged file) and --sitting (its commands)")
+        return merge(FLAGS.merge, FLAGS.doc_data, FLAGS.sitting)
     cfg = cp.load_config()
     names = FLAGS.policies or list(cfg.policies)
     only_entries(cfg, names)

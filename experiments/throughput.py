@@ -14,9 +14,13 @@ share of its wall time the host added, overlapped or not (with async scheduling 
 step n runs, so only what it could not hide shows). `host_overhead` is the median over the runs and
 `device_only_s` the median replay: a run and its replay share the same minute of a noisy machine.
 
-`host_busy_share` (always): the median over the runs of the host's working time (every step's `host_s`: schedule,
-pack, launch, receive; overlapped with the device or not) over the run's wall time. It bounds what the host can
-add to a run and, unlike the replay, needs no second timing of a machine whose speed drifts between runs.
+`host_busy_share` (always): the median over the runs of the host's working time over the run's wall time: every
+`LLMEngine.step()` call's wall time (timed by this harness around the call) less the waits for the device and the
+swap copies of the steps it received (their step records' `device_s` and `swap_s`). That is all the host work of a
+step (schedule, pack, launch, receive, building the outputs), overlapped with the device or not; measured the same
+way whatever tree the engine comes from. It bounds what the host can add to a run and, unlike the replay, needs no
+second timing of a machine whose speed drifts between runs. `host_busy_share_receive`: the earlier figure, from the
+step records' `host_s` only, which ends when a step's results are received (before its outputs are built).
 
 --host_split: the serving thread's CPU time per step, split into schedule, pack, launch (the program call), fetch,
 update and the rest of the engine's step (cbjax/bench/host_timers.py), medians over the runs; and
@@ -24,7 +28,9 @@ update and the rest of the engine's step (cbjax/bench/host_timers.py), medians o
 
 --stream: drive `LLMEngine.step()` directly with every token streamed, as the server does (each step returns an
 output per request that got a token, and the loop reads its `new_token_ids`), instead of `LLM.generate`, which
-asks the engine for finished outputs only. The deltas read are checked against the final outputs after each run.
+asks the engine for finished outputs only. The loop reads each output's delta by `RequestOutput.stream_delta()`
+(an older tree's engine without it: `outputs[0].new_token_ids`). The deltas read are checked against the final
+outputs after each run.
 
 --doc_data PATH: also write a data file for the docs (cbjax/bench/doc_data.py): one run per timed repeat (its
 wall time, throughput, host shares) with the workload, model, dtype and engine options as labels, and this
@@ -126,20 +132,40 @@ def engine_options(wl: list) -> dict:
     return opts
 
 
+def time_step_calls(engine) -> list:
+    """Wrap `engine.step` (an attribute of this instance: LLM.generate and this harness call it through the
+    engine) to append each call's (wall seconds, device wait + swap seconds of the steps it received) to the list
+    returned. Reads only the step records, so it measures any tree's engine the same way."""
+    calls, step, records = [], engine.step, engine.step_records
+
+    def timed_step():
+        n, t0 = len(records), time.perf_counter()
+        outputs = step()
+        wall = time.perf_counter() - t0
+        calls.append((wall, sum(r["device_s"] + r["swap_s"] for r in records[n:])))
+        return outputs
+
+    engine.step = timed_step
+    return calls
+
+
 def stream_run(engine, prompts: list, params: list, tag: str) -> list:
     """The workload through `engine.step()` with streaming on, as a server runs it: every step's outputs read, each
     request's deltas collected. Returns the final outputs in prompt order; raises if the deltas read do not add up
     to them."""
+    from cbjax.core.outputs import RequestOutput
+
     ids = [f"{tag}-{i}" for i in range(len(prompts))]
     for rid, prompt, sp in zip(ids, prompts, params):
         engine.add_request(rid, prompt, sp)
     streamed, engine.stream_outputs = engine.stream_outputs, True
+    bulk = hasattr(RequestOutput, "stream_delta")  # (False: an older tree's engine, see --before_tree of host_time)
     deltas: dict[str, list[int]] = {rid: [] for rid in ids}
     finished = {}
     try:
         while engine.has_unfinished_requests():
             for out in engine.step():
-                deltas[out.request_id] += out.outputs[0].new_token_ids
+                deltas[out.request_id] += out.stream_delta() if bulk else out.outputs[0].new_token_ids
                 if out.finished:
                     finished[out.request_id] = out
     finally:
@@ -198,6 +224,7 @@ def write_runs(path: str, result: dict) -> None:
         "stream": FLAGS.stream,
     }
     per_run = {"host_busy_share": "host_busy_share_runs", "host_cpu_share": "host_cpu_share_runs"}
+    per_run["host_busy_share_receive"] = "host_busy_share_receive_runs"
     per_run["host_overhead"] = "host_overhead_runs"
     runs = []
     for i, wall in enumerate(result["wall_s_runs"]):
@@ -222,7 +249,8 @@ def main(argv):
     setup_s = time.perf_counter() - t
     engine = llm.engine
     compiles_before = engine.num_compiles
-    walls, outs, replays, host_busy = [], None, [], []
+    walls, outs, replays, host_busy, host_receive = [], None, [], [], []
+    calls = time_step_calls(engine)
     recorded = record_steps(engine.runner) if FLAGS.replay_device else None
     timers = HostTimers(engine) if FLAGS.host_split else None
     splits = []
@@ -232,13 +260,15 @@ def main(argv):
         if recorded is not None:
             recorded.clear()
         first_step = len(engine.step_records)
+        calls.clear()
         if timers is not None:
             timers.reset()
         t0 = time.perf_counter()
         outs = stream_run(engine, prompts, params, f"r{rep}") if FLAGS.stream else llm.generate(prompts, params)
         walls.append(time.perf_counter() - t0)
         steps = engine.step_records[first_step:]
-        host_busy.append(sum(s["host_s"] for s in steps) / walls[-1])
+        host_busy.append(sum(wall - waits for wall, waits in calls) / walls[-1])
+        host_receive.append(sum(s["host_s"] for s in steps) / walls[-1])
         if timers is not None:
             splits.append(timers.per_step_ms(len(steps)) | {"cpu_share": timers.cpu_s["step"] / walls[-1]})
         if recorded is not None:
@@ -266,6 +296,8 @@ def main(argv):
         "host_ms_per_step": round(1e3 * statistics.mean(host), 3),  # per dispatch (a block of steps counts once)
         "host_busy_share": round(statistics.median(host_busy), 4),
         "host_busy_share_runs": [round(h, 4) for h in host_busy],
+        "host_busy_share_receive": round(statistics.median(host_receive), 4),
+        "host_busy_share_receive_runs": [round(h, 4) for h in host_receive],
         "device_wait_ms_per_step": round(1e3 * statistics.mean(dev), 3),
         "padding_waste": round(1 - sched / padded, 4),
         "mean_seqs_per_step": round(statistics.mean(s["num_scheduled_seqs"] for s in steps), 1),

@@ -32,6 +32,7 @@ Kept out of scheduler.py, which calls `plan_decode_steps` with itself as `sched`
 
 from cbjax.core.scheduler_config import pages_for
 from cbjax.core.scheduler_output import SchedulerOutput
+from cbjax.core.speculation.speculative_blocks import plan_speculative_block
 
 
 def plan_decode_steps(sched, out: SchedulerOutput) -> None:
@@ -39,6 +40,8 @@ def plan_decode_steps(sched, out: SchedulerOutput) -> None:
     that changes no decision (see the module docstring): each sequence's `num_steps` and `out.num_steps` are set,
     its extra tokens counted as computed, pending, and charged to the policy, and its pages allocated. Otherwise
     leaves `out` as it is (one step)."""
+    if plan_speculative_block(sched, out):  # n-gram speculation in the block, on the device (if it is on)
+        return
     cfg = sched.config
     N = cfg.num_scheduler_steps
     seqs = out.seqs

@@ -1,6 +1,6 @@
 """What the engine hands back: per-request outputs (vLLM-shaped) and their timing records."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 
 @dataclass
@@ -156,3 +156,61 @@ class RequestOutput:
     prompt: str | None = None
     # SamplingParams.prompt_logprobs: None for the first prompt token, then a {token id: Logprob} per prompt token
     prompt_logprobs: list | None = None
+
+    def stream_delta(self) -> list[int]:
+        """The token ids its first completion got in the step that returned it (`outputs[0].new_token_ids`; with
+        n > 1 read each completion's): what a stream sends on. Read this way, a streamed output may never build its
+        completion object (ReceivedOutput)."""
+        return self.outputs[0].new_token_ids if self.outputs else []
+
+
+class ReceivedOutput(RequestOutput):
+    """A streaming step's output of a plain request (one completion, no logprobs, no stop strings): a RequestOutput
+    whose `outputs` (the CompletionOutput) is built when first read, from what the step received.
+
+    At 64 streaming sequences every step returns 64 outputs, and a stream's reader usually wants only the request id,
+    whether it finished and the new tokens (`stream_delta`, read without building the completion). The fields fixed
+    when the step returned (received count, new count, finish reason) are kept here; `complete(request, num_received,
+    num_new, finish_reason)` builds the completion from them whenever it is read, with the same contents as if built
+    at once (a received output never changes later: see CompletionOutput)."""
+
+    def __init__(self, request, num_received: int, num_new: int, finish_reason, finished: bool, complete):
+        self.request_id, self.prompt_token_ids = request.request_id, request.prompt_token_ids
+        self.finished, self.metrics, self.error = finished, request.metrics, request.error
+        self.prompt_logprobs = request.prompt_logprobs
+        self.finish_reason = finish_reason  # its completion's (read without building it)
+        self._request, self._num_received, self._num_new = request, num_received, num_new
+        self._complete, self._outputs = complete, None
+
+    @property
+    def outputs(self) -> list[CompletionOutput]:
+        if self._outputs is None:
+            self._outputs = [self._complete(self._request, self._num_received, self._num_new, self.finish_reason)]
+        return self._outputs
+
+    @outputs.setter
+    def outputs(self, value: list[CompletionOutput]) -> None:
+        self._outputs = value
+
+    def stream_delta(self) -> list[int]:
+        if self._outputs is not None:
+            return super().stream_delta()
+        n, k = self._num_received, self._num_new
+        return self._request.output_token_ids[n - k : n] if k else []
+
+    def materialize(self) -> RequestOutput:
+        """The same output as a plain RequestOutput (for a copy, a pickle, a comparison)."""
+        return RequestOutput(**{f.name: getattr(self, f.name) for f in fields(RequestOutput)})
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, RequestOutput):
+            return NotImplemented
+        return all(getattr(self, f.name) == getattr(other, f.name) for f in fields(RequestOutput))
+
+    __hash__ = None
+
+    def __reduce__(self):  # (pickled as the plain output: the engine it reads from stays behind)
+        return self.materialize().__reduce__()
+
+    def __repr__(self) -> str:
+        return repr(self.materialize())

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from cbjax.config.cache import CacheConfig
 from cbjax.core.clock import Clock
+from cbjax.core.decode_walk import general_visits
 from cbjax.core.host_prefix_cache import HostPrefixCache, cached_prefix_pages, prefix_hits
 from cbjax.core.multi_step import plan_decode_steps
 from cbjax.core.page_pool import PagePool, chain_hashes
@@ -29,8 +30,9 @@ from cbjax.core.sequence_group import (
     shared_write_page,
     slots_wanted,
 )
-from cbjax.core.sorted_ranking import Ranking, SortedWaiting, visits
+from cbjax.core.sorted_ranking import Ranking, SortedWaiting
 from cbjax.core.speculation import scheduling as speculation
+from cbjax.core.speculation.speculative_blocks import is_speculative_block, receive_speculative_block
 from cbjax.core.speculation.speculator import Speculator
 from cbjax.core.step_plan import Placement as _Placement
 from cbjax.core.step_plan import StepPlan as _Step
@@ -156,7 +158,8 @@ class Scheduler:
             self._admit_batch(step)
         ranking = self._rank(self.running, now)
         preempted, max_len = step.preempted, self.config.max_model_len
-        for req, lower in visits(ranking, step):
+        # Running sequences' decodes are planned inside general_visits; the visits it yields take the full path.
+        for req, lower in general_visits(self, ranking, step, drafting):
             if step.budget <= 0:
                 break
             waiting = req.status is not _RUNNING
@@ -235,11 +238,14 @@ class Scheduler:
             return place
         if not waiting:
             step.may_admit = False  # a running sequence lacked pages: admit nothing more this step
+        preempted = self.num_preemptions
         preempt_lower(self, req, lower_ranked, step, slots=0, target=self._pages_wanted(place, waiting))
-        # Victims' releases may have turned some of its cache hits evictable: count again.
-        place = self._placement(req, step.budget)
-        if self.pool.can_allocate(self._pages_wanted(place, waiting)):
-            return place
+        # Victims' releases may have turned some of its cache hits evictable: count again (if there were victims;
+        # with a speculator always, as before: its drafts are proposed again).
+        if self.num_preemptions != preempted or self.speculator is not None:
+            place = self._placement(req, step.budget)
+            if self.pool.can_allocate(self._pages_wanted(place, waiting)):
+                return place
         if waiting:
             step.may_admit = False  # head-of-line: no later request jumps ahead for lack of pages
         else:
@@ -395,6 +401,8 @@ class Scheduler:
     ) -> list[Request]:
         """The results of step `out` reached the host (step_results.receive_step says how they are applied).
         Returns the requests that got a token."""
+        if is_speculative_block(out):  # (core/speculation/speculative_blocks.py)
+            return receive_speculative_block(self, out, sampled, eos_token_id, now)
         return receive_step(self, out, sampled, eos_token_id, now)
 
     def register_full_pages(self, req: Request) -> None:

@@ -33,8 +33,14 @@ def receive_step(sched, out: SchedulerOutput, sampled: Sequence[int], eos_token_
             if seq.draft_token_ids:
                 changed += [req] * speculation.receive_verified(sched, req, seq, token, eos_token_id, now)
                 continue
-            if seq.samples_token:
-                i = req.receive_token(int(token))
+            samples = seq.samples_token
+            if samples:
+                # Request.receive_token, inline (once per generated token): the oldest pending output gets its value.
+                token, outs = int(token), req.output_token_ids
+                i = len(outs) - req.num_pending_tokens
+                outs[i] = token
+                req.all_token_ids[req.num_prompt_tokens + i] = token
+                req.num_pending_tokens -= 1
                 m = req.metrics
                 if m.first_token_time is None:
                     m.first_token_time = now
@@ -42,7 +48,17 @@ def receive_step(sched, out: SchedulerOutput, sampled: Sequence[int], eos_token_
                 changed.append(req)
             if caching and req.status is _RUNNING and req.num_computed_tokens // G > req.num_registered_pages:
                 sched.register_full_pages(req)
-            if seq.samples_token:
+            if samples:
+                p = req.params
+                # Only a token that could stop the request asks Request.stop_reason (which decides): an EOS or stop
+                # id, or the last one max_tokens or max_model_len allows.
+                if not (
+                    token == eos_token_id
+                    or token in p.stop_token_ids
+                    or i + 1 >= p.max_tokens
+                    or req.num_prompt_tokens + i + 1 >= max_len
+                ):
+                    continue
                 reason = req.stop_reason(i, eos_token_id, max_len)
                 if reason is not None:
                     out.num_wasted_tokens += seq.num_steps - 1 - step  # a block's steps past it (multi_step.py)

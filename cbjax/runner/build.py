@@ -99,7 +99,10 @@ def build_model_runner(
             kv_cache_dtype=cache.kv_cache_dtype,
         ),
         speculation=build_speculation(
-            buckets, None if speculative is None else make_rule(speculative.acceptance), drafting=draft is not None
+            buckets,
+            None if speculative is None else make_rule(speculative.acceptance),
+            drafting=draft is not None,
+            device_lookup=None if speculative is None else speculative.device_lookup,
         ),
         draft=draft,
         program_store=build_program_store(program_store_dir, placement),
@@ -108,7 +111,9 @@ def build_model_runner(
     )
 
 
-def build_speculation(buckets: BucketTable, acceptance=None, *, drafting: bool = False) -> Speculation | None:
+def build_speculation(
+    buckets: BucketTable, acceptance=None, *, drafting: bool = False, device_lookup: tuple[int, int] | None = None
+) -> Speculation | None:
     """What the verifying programs verify: up to buckets.max_draft_tokens drafts per sequence (None when 0: no
     speculation) by the `acceptance` rule (speculation/acceptance.py); by default rejection sampling for a draft
     model's drafts, sample-and-match for the scheduler's n-gram drafts."""
@@ -117,7 +122,7 @@ def build_speculation(buckets: BucketTable, acceptance=None, *, drafting: bool =
         return None
     if acceptance is None:
         acceptance = RejectionSampling() if drafting else SampleAndMatch()
-    return Speculation(K, acceptance)
+    return Speculation(K, acceptance, device_lookup)
 
 
 def build_program_store(directory: str | None, placement: Placement) -> ProgramStore | None:

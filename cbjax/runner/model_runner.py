@@ -27,6 +27,7 @@ from cbjax.runner.kv_cache import num_device_pages
 from cbjax.runner.kv_swap import HostKVPool
 from cbjax.runner.page_copy import PageCopier
 from cbjax.runner.placement import PlacedParams, Placement
+from cbjax.runner.speculation.block_runner import SpeculativeBlocks
 from cbjax.runner.speculation.constrained_verify import ConstrainedVerifier
 from cbjax.runner.speculation.draft_runner import DraftRunner
 from cbjax.runner.speculation.verification import Speculation
@@ -99,6 +100,15 @@ class ModelRunner:
         # there (the packer knows each request's slot in that step).
         self.pending_tokens = self._no_pending = placement.put(jnp.zeros(buckets.max_num_seqs, jnp.int32))
         self.packer = StepPacker(buckets, self.pad_page)
+        self.speculative_blocks = None  # n-gram speculation in blocks on the device (speculation/block_runner.py)
+        if speculation is not None and speculation.device_lookup is not None and num_scheduler_steps > 1:
+            parts = dict(buckets=buckets, graphdef=self.graphdef, backend=backend, interpret=interpret, mesh=self.mesh,
+                global_inputs=self._global_inputs, avals=self._avals, no_pending=placement.abstract(self._no_pending),
+                padding_input=functools.partial(self._padding_input, steps=num_scheduler_steps),
+                key=functools.partial(self._program_key, steps=num_scheduler_steps))  # fmt: skip
+            self.speculative_blocks = SpeculativeBlocks(
+                lookup=speculation.device_lookup, iterations=num_scheduler_steps, max_drafts=speculation.max_drafts,
+                rule=speculation.rule, runner_parts=parts, compiles=self.compiles)  # fmt: skip
         self.page_copier = PageCopier(buckets.max_num_seqs, self.pad_page)  # copy-on-write of shared pages
         self.last_step: StepHandle | None = None  # the last dispatched step
         self.timed: Callable[[str], AbstractContextManager] | None = None
@@ -281,6 +291,8 @@ class ModelRunner:
                     self.run_input(self._padding_input(T, v, n), v)
                 )
                 programs.prime(run)
+        if self.speculative_blocks is not None:
+            self.kv_caches = self.speculative_blocks.prime(self.params, self.kv_caches, self._no_pending)
 
     def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> tuple[float, int, int]:
         """Copy KV pages between device and host: every (device page, host page) of `swap_out` first, then every
@@ -332,7 +344,9 @@ class ModelRunner:
                 )
             # A verifying step is received before the next is scheduled (the engine waits for it), so the next
             # step has no pending token to read from it. A block's next step reads its last step's tokens.
-            if out.num_steps > 1:
+            if self.speculative_blocks is not None and self.speculative_blocks.runs(out):
+                self.pending_tokens = self._no_pending  # (the engine receives it before scheduling the next)
+            elif out.num_steps > 1:
                 handle.tokens, self.pending_tokens = handle.tokens
             else:
                 self.pending_tokens = self._no_pending if verify else handle.tokens
@@ -344,6 +358,10 @@ class ModelRunner:
 
     def _launch(self, out: SchedulerOutput, inp: StepInput, order: list[int], verify: bool):
         """Run a packed step; a verifying step holding a structured-output request on the masked variant."""
+        blocks = self.speculative_blocks
+        if blocks is not None and blocks.runs(out):
+            tokens, self.kv_caches = blocks.run(self.params, self.kv_caches, inp, order, out, self.pending_tokens)
+            return tokens
         cv = self.constrained_verify
         if verify and cv is not None and cv.needed(out.seqs):
             tokens, self.kv_caches = cv.run(
@@ -372,6 +390,8 @@ class ModelRunner:
         handle.wait_s = time.perf_counter() - t0
         if handle.extras is not None:
             self.extras.receive(handle.extras, host_tokens)
+        if self.speculative_blocks is not None and self.speculative_blocks.runs(handle.out):
+            return self.speculative_blocks.results(handle.out, handle.order, host_tokens)
         if handle.verified:
             return verified_tokens(handle.out.seqs, handle.order, host_tokens)
         n = len(handle.order)
@@ -387,6 +407,7 @@ class ModelRunner:
     def _program_families(self) -> list[ProgramFamily]:
         families = [self.programs, self.verify_programs, self.block_programs]
         families += [self.draft.prefill_programs] if self.draft is not None else []
+        families += [self.speculative_blocks.programs] if self.speculative_blocks is not None else []
         return [f for f in families if f is not None]
 
     def wait_until_warm(self) -> None:

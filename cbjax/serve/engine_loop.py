@@ -28,6 +28,7 @@ import threading
 import time
 from typing import NamedTuple
 
+from cbjax.core.outputs import ReceivedOutput
 from cbjax.core.sampling_params import SamplingParams
 from cbjax.engine import LLMEngine
 from cbjax.serve.metrics import ServerMetrics
@@ -276,17 +277,21 @@ class EngineLoop:
         m, p = self.metrics, h.params
         with_text, with_logprobs = bool(p.stop), p.logprobs is not None
         deltas, n = [], 0
-        for c in out.outputs:
-            new = c.new_token_ids  # (the view's own list: the output is read by nobody else)
-            if not new and c.finish_reason is None:
+        if isinstance(out, ReceivedOutput):  # one plain completion: its delta read without building its object
+            completions, last_reason = [(0, out.stream_delta(), out.finish_reason, None)], out.finish_reason
+        else:  # (a completion's new_token_ids: the view's own list, read by nobody else)
+            completions = [(c.index, c.new_token_ids, c.finish_reason, c) for c in out.outputs]
+            last_reason = out.outputs[0].finish_reason if out.outputs else "abort"
+        for index, new, reason, c in completions:
+            if not new and reason is None:
                 continue
             n = max(n, len(new))  # tokens per sample this step (the samples advance together)
             if new:
                 m.generation_tokens.inc(len(new))
             lp = None
-            if with_logprobs and c.logprobs is not None:
+            if with_logprobs and c is not None and c.logprobs is not None:
                 lp = c.logprobs[len(c.logprobs) - len(new) :] if new else []
-            deltas.append(ChoiceDelta(c.index, new, c.finish_reason, c.text if with_text else None, lp))
+            deltas.append(ChoiceDelta(index, new, reason, c.text if with_text and c is not None else None, lp))
         if n:
             if h.last_token is None:
                 m.ttft.observe(now - h.arrival)
@@ -297,7 +302,7 @@ class EngineLoop:
             h.num_tokens += n
         if out.finished:
             m.e2e.observe(now - h.arrival)
-            self._close(h, None, out.outputs[0].finish_reason if out.outputs else "abort")
+            self._close(h, None, last_reason)
         # The last event carries the final outputs (views of a finished request: they change no more).
         batch.append((h, ("tokens", deltas, out.outputs if out.finished else None)))
 

@@ -79,7 +79,7 @@ class SimRunner:
         self.last_step: SimStepHandle | None = None
         forbidden = {t for t in (eos_token_id, *stop_token_ids) if t is not None}
         self._ids = [t for t in range(min(vocab_size, 4096)) if t not in forbidden and t >= 3] or [0]
-        self._base: dict[str, int] = {}
+        self._base = _Bases()
 
     def warmup(self, mode: str = "full") -> float:
         """Nothing to build: 0 seconds."""
@@ -102,10 +102,7 @@ class SimRunner:
         n = self.stop_after.get(request_id)
         if n is not None and index + 1 >= n and self.eos_token_id is not None:
             return self.eos_token_id
-        base = self._base.get(request_id)
-        if base is None:
-            base = self._base[request_id] = zlib.crc32(request_id.encode())
-        return self._ids[(base + 7919 * index) % len(self._ids)]
+        return self._ids[(self._base[request_id] + 7919 * index) % len(self._ids)]
 
     def _block_tokens(self, out: SchedulerOutput) -> list[list[int]]:
         """A block of decode steps (cbjax/core/multi_step.py): a row of tokens per step; a sequence's k pending
@@ -119,21 +116,24 @@ class SimRunner:
         return rows
 
     def _tokens(self, out: SchedulerOutput) -> list[int]:
-        """`_token` of each sequence's sampled output (0 where it samples none). This runs once per generated token,
-        so the common case (no `stop_after`, the request's base known) is `_token`'s formula inline, no call."""
+        """`_token` of each sequence's sampled output (0 where it samples none), the index of a sampled output being
+        its pending placeholder's, just appended. This runs once per generated token, so without `stop_after` it is
+        `_token`'s formula inline, in one comprehension."""
         if out.num_steps > 1:
             return self._block_tokens(out)
-        token, ids, base_of, inline = self._token, self._ids, self._base, not self.stop_after
-        tokens = []
-        for s in out.seqs:
-            if s.samples_token:
-                req = s.request
-                index = len(req.output_token_ids) - 1  # its pending placeholder, just appended
-                base = base_of.get(req.request_id) if inline else None
-                tokens.append(token(req.request_id, index) if base is None else ids[(base + 7919 * index) % len(ids)])
-            else:
-                tokens.append(0)
-        return tokens
+        if self.stop_after:
+            token = self._token
+            return [
+                token(s.request.request_id, len(s.request.output_token_ids) - 1) if s.samples_token else 0
+                for s in out.seqs
+            ]
+        ids, bases, n = self._ids, self._base, len(self._ids)
+        return [
+            ids[(bases[(r := s.request).request_id] + 7919 * (len(r.output_token_ids) - 1)) % n]
+            if s.samples_token
+            else 0
+            for s in out.seqs
+        ]
 
     def dispatch(self, out: SchedulerOutput) -> SimStepHandle:
         """Price the step and choose its tokens (the index of a sampled token is known at scheduling time: the
@@ -172,3 +172,11 @@ class SimRunner:
     def execute(self, out: SchedulerOutput) -> list[int]:
         """dispatch + fetch: one step, synchronously."""
         return self.fetch(self.dispatch(out))
+
+
+class _Bases(dict):
+    """request id -> the crc32 its token ids start from, computed the first time a request id is read."""
+
+    def __missing__(self, request_id: str) -> int:
+        base = self[request_id] = zlib.crc32(request_id.encode())
+        return base

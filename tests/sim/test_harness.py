@@ -98,3 +98,25 @@ def test_bench_sim_speed_in_two_worker_processes_generates_what_one_process_does
     assert two[-1]["jobs"] == 2 and two[-1]["cpu_s"] == sum(r["cpu_s"] for r in two[:-1])
     with pytest.raises(ValueError, match="jobs must be >= 1"):
         bench_sim_speed.bench(cfg, requests, ["fcfs"], repeats=1, jobs=0)
+
+
+def test_bench_sim_speed_merges_single_repeat_files_into_one_sitting(tmp_path):
+    from cbjax.bench.doc_data import write_doc_data
+
+    paths = []
+    for k, wall in enumerate([2.0, 3.0]):
+        path = str(tmp_path / f"part{k}.json")
+        runs = [dict(policy="fcfs", run=1, wall_s=wall), dict(policy="total", run=1, wall_s=wall)]
+        write_doc_data(path, command="one repeat", runs=runs, num_requests=60, capacity_run=dict(wall_s=k))
+        paths.append(path)
+    out = str(tmp_path / "merged.json")
+    bench_sim_speed.merge(paths, out, "the sitting")
+    import json
+
+    with open(out, encoding="utf-8") as f:
+        merged = json.load(f)
+    assert merged["command"] == "the sitting" and merged["num_requests"] == 60
+    assert [(r["policy"], r["run"], r["wall_s"]) for r in merged["runs"]] == [
+        ("fcfs", 1, 2.0), ("total", 1, 2.0), ("fcfs", 2, 3.0), ("total", 2, 3.0)]  # fmt: skip
+    assert [c["wall_s"] for c in merged["capacity_runs"]] == [0, 1]
+    assert [m["file"] for m in merged["merged_from"]] == paths

@@ -38,6 +38,10 @@ class SpeculativeConfig:
     # batch_size rule: {"1-8": 4, "9-32": 2, "33-": 0}: running sequences -> drafts (each value <= k).
     draft_length_table: tuple[tuple[int, int | None, int], ...] | None = None
     acceptance: str = "auto"  # see ACCEPTANCE_RULES
+    # ngram: where a block of decode steps would run, run up to num_scheduler_steps iterations of propose, verify
+    # and accept on the device in one dispatch (core/speculation/speculative_blocks.py); off: one verify step
+    # per dispatch, received before the next is scheduled.
+    device_blocks: bool = False
 
     def __post_init__(self):
         method = check.choice("speculative_config.method", self.method, METHODS)
@@ -72,6 +76,9 @@ class SpeculativeConfig:
                 raise ValueError(f"speculative_config.draft_model must be a model name or path, got {draft!r}")
         elif draft is not None:
             raise ValueError("speculative_config.draft_model is for method='draft'")
+        device_blocks = check.boolean("speculative_config.device_blocks", self.device_blocks)
+        if device_blocks and method != "ngram":
+            raise ValueError("speculative_config.device_blocks is for method='ngram' (the device's prompt lookup)")
         for name, value in dict(
             method=method,
             num_speculative_tokens=k,
@@ -80,6 +87,7 @@ class SpeculativeConfig:
             draft_length=rule,
             draft_length_table=table,
             acceptance=acceptance,
+            device_blocks=device_blocks,
         ).items():
             object.__setattr__(self, name, value)
 
@@ -98,6 +106,11 @@ class SpeculativeConfig:
         if unknown:
             raise ValueError(f"speculative_config: unknown field(s) {sorted(unknown)}")
         return cls(**options)
+
+    @property
+    def device_lookup(self) -> tuple[int, int] | None:
+        """The prompt lookup (min, max) of speculative blocks on the device, or None where they are off."""
+        return (self.prompt_lookup_min, self.prompt_lookup_max) if self.device_blocks else None
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

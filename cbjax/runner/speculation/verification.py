@@ -20,10 +20,13 @@ ROW_TIERS = (32, 128)
 
 @dataclasses.dataclass(frozen=True)
 class Speculation:
-    """Static: the step verifies up to `max_drafts` drafts per sequence with acceptance `rule` (acceptance.py)."""
+    """Static: the step verifies up to `max_drafts` drafts per sequence with acceptance `rule` (acceptance.py);
+    `device_lookup` (min_n, max_n): n-gram speculation also runs in blocks on the device with that prompt lookup
+    (block_runner.py; None: not)."""
 
     max_drafts: int
     rule: object
+    device_lookup: tuple[int, int] | None = None
 
 
 def head_and_verify(model, hidden, inp, token_ids, rule, max_drafts: int, draft_probs=None, allowed=None):

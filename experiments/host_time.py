@@ -2,7 +2,7 @@
 
   python ../shared/peers/make_workload.py decode64.json --prompt 64 64 --gen 256 256
   python -m experiments.host_time --workload decode64.json --rounds 2 --repeats 5 \\
-      [--before_tree DIR] --doc_data docs/data/host_time_DATE.json
+      [--before_tree DIR] [--lock /tmp/cbjax_measure.lock] --doc_data docs/data/host_time_DATE.json
 
 Each variant is one `experiments.throughput` process (--replay_device --host_split, llama-tiny) with its own flags;
 every round runs each variant once, in order, so a drift of the shared machine touches every variant alike:
@@ -28,10 +28,12 @@ import tempfile
 from absl import app, flags
 
 from experiments import throughput  # noqa: F401  (its flags: --workload, --repeats, --doc_data: the merged file)
+from experiments.measurement_lock import held
 
 flags.DEFINE_integer("rounds", 2, "rounds; each runs every variant once")
 flags.DEFINE_string("before_tree", None, "a checkout of the tree to compare with (its engine, this harness)")
 flags.DEFINE_string("tree", None, "the tree measured as the current one (default: this checkout)")
+flags.DEFINE_string("lock", None, "flock held for each process (the machine's measurement lock), released between")
 FLAGS = flags.FLAGS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,7 +50,8 @@ def run_variant(name: str, extra: list, before: bool, path: str) -> dict:
     cwd = FLAGS.before_tree if before else (FLAGS.tree or ROOT)
     cmd = [sys.executable, "-m", "experiments.throughput", "--workload", os.path.abspath(FLAGS.workload)]
     cmd += ["--model", "llama-tiny", "--repeats", str(FLAGS.repeats), "--replay_device", "--host_split", *extra]
-    subprocess.run([*cmd, "--doc_data", path], cwd=cwd, check=True, env=os.environ | {"PYTHONPATH": cwd})
+    with held(FLAGS.lock):
+        subprocess.run([*cmd, "--doc_data", path], cwd=cwd, check=True, env=os.environ | {"PYTHONPATH": cwd})
     with open(path) as f:
         return json.load(f)
 

@@ -63,7 +63,8 @@ class EngineConfig:
         for name, cls in self.sections().items():
             if not isinstance(getattr(self, name), cls):
                 raise ValueError(f"EngineConfig.{name} must be a {cls.__name__}, got {type(getattr(self, name))}")
-        object.__setattr__(self, "speculative", SpeculativeConfig.from_option(self.speculative))
+        spec = SpeculativeConfig.from_option(self.speculative)
+        object.__setattr__(self, "speculative", None if spec is None else spec.resolved())
         spec = self.speculative
         if spec is not None and self.sim.enabled:
             raise ValueError("speculative_config is not supported by the simulator (runner='sim') yet")

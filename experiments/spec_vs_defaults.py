@@ -6,7 +6,12 @@
 Every method is `LLM("tinypy", speculative_config=...)` with the offline defaults (blocks of 8 decode steps per
 dispatch, `max_num_seqs` 64, ...) and `warmup="full"`, built and warm before anything is timed:
   off        no speculation: the baseline, today's default
-  ngram      prompt lookup, k = --k (4)
+  ngram      prompt lookup, k = --k (4), as the engine runs it by default (since 2026-12-05: speculative blocks,
+             up to 8 iterations of propose, verify and accept on the device per dispatch,
+             cbjax/core/speculation/speculative_blocks.py; before, one verify step per dispatch)
+  ngram_blocks  the same with speculative_config.device_blocks=True
+  ngram_steps   the same with device_blocks=False: one verify step per dispatch, received before the next
+             (a tree without the option runs its plain ngram: it had nothing else)
   adaptive   prompt lookup, k by batch size ({"1-8": 4, "9-32": 2, "33-": 0}; --adaptive=measured: k from the
              measured acceptance and step cost)
   draft      the packaged draft model tinypy-draft, k = --draft_k (3)
@@ -74,7 +79,14 @@ def spec_config(method: str) -> dict | None:
     else:
         adaptive = {**ngram, "draft_length": "measured"}
     draft = {"method": "draft", "draft_model": FLAGS.draft_model, "num_speculative_tokens": FLAGS.draft_k}
-    configs = {"off": None, "ngram": ngram, "adaptive": adaptive, "draft": draft}
+    configs = {
+        "off": None,
+        "ngram": ngram,
+        "ngram_blocks": {**ngram, "device_blocks": True},
+        "ngram_steps": {**ngram, "device_blocks": False},
+        "adaptive": adaptive,
+        "draft": draft,
+    }
     if method not in configs:
         raise ValueError(f"unknown method {method!r}; known: {sorted(configs)}")
     return configs[method]
@@ -87,11 +99,9 @@ def step_stats(records: list[dict]) -> dict:
     """What a run's step records say: steps, verifying steps, drafts and accepted drafts, and the median cost of a
     verifying step, of a plain dispatch (device + host time; a dispatch may be a block of decode steps) and of a plain
     decode step (a dispatch's time over its decode steps)."""
-    verify = [r for r in records if r.get("spec_draft_tokens")]
-    plain = [
-        r for r in records if not r.get("spec_draft_tokens") and r["num_scheduled_tokens"] == r["num_scheduled_seqs"]
-    ]
-    drafted = sum(r.get("spec_draft_tokens", 0) for r in records)
+    verify = [r for r in records if drafts_of(r)]
+    plain = [r for r in records if not drafts_of(r) and r["num_scheduled_tokens"] == r["num_scheduled_seqs"]]
+    drafted = sum(drafts_of(r) for r in records)
     accepted = sum(r.get("spec_accepted_tokens", 0) for r in records)
     verified_seqs = sum(r.get("spec_verified_seqs", 0) for r in verify)
 
@@ -114,6 +124,12 @@ def step_stats(records: list[dict]) -> dict:
         spec_drafted_by_position=sum_lists(r.get("spec_drafted_by_position") for r in verify),
         spec_accepted_by_position=sum_lists(r.get("spec_accepted_by_position") for r in verify),
     )
+
+
+def drafts_of(record: dict) -> int:
+    """The drafts a step verified: a speculative block's (proposed on the device, so not in its plan's
+    spec_draft_tokens) are those its speculator tallied by position."""
+    return record.get("spec_draft_tokens") or sum(record.get("spec_drafted_by_position") or ())
 
 
 def sum_lists(lists) -> list[int]:
@@ -171,7 +187,7 @@ def worker() -> None:
     with open(FLAGS.prompts_file) as f:
         prompts = json.load(f)
     t0 = time.perf_counter()
-    llms = {m: LLM(FLAGS.model, speculative_config=spec_config(m), warmup="full") for m in FLAGS.methods}
+    llms = {m: LLM(FLAGS.model, speculative_config=known_options(spec_config(m)), warmup="full") for m in FLAGS.methods}
     for llm in llms.values():
         llm.engine.wait_until_warm()
         run_batch(llm, prompts, 1)  # untimed: the first calls of a program pay for more than its compile
@@ -183,6 +199,21 @@ def worker() -> None:
         )
         runs = [dict(method=m, **run_batch(llms[m], prompts, ask["batch"])) for m in order]
         reply({"runs": runs})
+
+
+def known_options(spec: dict | None) -> dict | None:
+    """`spec` without the options this tree's SpeculativeConfig lacks (an older tree measured beside this one:
+    device_blocks=False is what it always ran)."""
+    import dataclasses
+
+    from cbjax.core.speculation.config import SpeculativeConfig
+
+    if spec is None:
+        return None
+    known = {f.name for f in dataclasses.fields(SpeculativeConfig)}
+    if spec.get("device_blocks") and "device_blocks" not in known:
+        raise ValueError("this tree has no speculative blocks (speculative_config.device_blocks)")
+    return {k: v for k, v in spec.items() if k in known}
 
 
 def reply(obj: dict) -> None:

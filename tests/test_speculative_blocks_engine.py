@@ -8,12 +8,15 @@ from cbjax import LLMEngine, SamplingParams
 from tests.test_multi_step_engine import OPTS, generate, model, workload  # noqa: F401 (fixtures)
 from tests.test_speculative_engine import ReferenceProposer
 
-# Drafts while at most 3 sequences run or wait, none above (then blocks): a 16-request run does both.
+# Drafts while at most 3 sequences run or wait, none above (then blocks): a 16-request run does both. One verify
+# step per dispatch (device_blocks off: the reference proposer's drafts are verified; speculative blocks propose on
+# the device, tests/test_speculative_device_blocks.py).
 ADAPTIVE = {
     "method": "ngram",
     "num_speculative_tokens": 3,
     "draft_length": "batch_size",
     "draft_length_table": {"1-3": 3, "4-": 0},
+    "device_blocks": False,
 }
 
 

@@ -39,9 +39,10 @@ class SpeculativeConfig:
     draft_length_table: tuple[tuple[int, int | None, int], ...] | None = None
     acceptance: str = "auto"  # see ACCEPTANCE_RULES
     # ngram: where a block of decode steps would run, run up to num_scheduler_steps iterations of propose, verify
-    # and accept on the device in one dispatch (core/speculation/speculative_blocks.py); off: one verify step
-    # per dispatch, received before the next is scheduled.
-    device_blocks: bool = False
+    # and accept on the device in one dispatch (core/speculation/speculative_blocks.py); False: one verify step
+    # per dispatch, received before the next is scheduled. None (the default): on for ngram in an engine
+    # (EngineConfig resolves it, `resolved`; measured in docs/speculative.md); a scheduler given None leaves them off.
+    device_blocks: bool | None = None
 
     def __post_init__(self):
         method = check.choice("speculative_config.method", self.method, METHODS)
@@ -76,7 +77,9 @@ class SpeculativeConfig:
                 raise ValueError(f"speculative_config.draft_model must be a model name or path, got {draft!r}")
         elif draft is not None:
             raise ValueError("speculative_config.draft_model is for method='draft'")
-        device_blocks = check.boolean("speculative_config.device_blocks", self.device_blocks)
+        device_blocks = self.device_blocks
+        if device_blocks is not None:
+            device_blocks = check.boolean("speculative_config.device_blocks", device_blocks)
         if device_blocks and method != "ngram":
             raise ValueError("speculative_config.device_blocks is for method='ngram' (the device's prompt lookup)")
         for name, value in dict(
@@ -106,6 +109,13 @@ class SpeculativeConfig:
         if unknown:
             raise ValueError(f"speculative_config: unknown field(s) {sorted(unknown)}")
         return cls(**options)
+
+    def resolved(self) -> "SpeculativeConfig":
+        """As an engine runs it: device_blocks None made on for ngram (speculative blocks beat one verify step per
+        dispatch at batch 1 against the offline default, docs/speculative.md), off for a draft model."""
+        if self.device_blocks is not None:
+            return self
+        return dataclasses.replace(self, device_blocks=self.method == "ngram")
 
     @property
     def device_lookup(self) -> tuple[int, int] | None:

@@ -8,8 +8,11 @@ with n-gram drafts wanted at the full k this step (the draft-length rule's k equ
 device drafts k per iteration), whether or not the host found drafts for this first iteration (the device proposes
 its own, from the same rule). Then the host's drafts are dropped (the device proposes the same ones) and each
 sequence gets the pages for the most tokens the block may give it: min(N (k + 1), its remaining max_tokens, what
-max_model_len leaves). A sequence's `num_steps` is SPECULATIVE (0): how many tokens it gets is known only when
-the block is received, so the engine receives a speculative block before it schedules the next step.
+max_model_len leaves), its budget. The step's `num_batched_tokens` is the most rows one iteration verifies,
+(k + 1) per sequence (at most max_num_batched_tokens): the runner packs the block in that token bucket, whose rows
+each iteration's forward pass uses (one block program per bucket). A sequence's `num_steps` is minus its budget
+(never 0: its pending output fits), which the runner packs for the device: how many tokens it gets is known only
+when the block is received, so the engine receives a speculative block before it schedules the next step.
 
 Received: each sequence's tokens as a verified step's (speculation/scheduling.py): the first replaces its pending
 output, each further one is appended with the K/V of the one before counted as computed; a stop (EOS, stop token,
@@ -25,12 +28,16 @@ from cbjax.core.request import RequestStatus
 from cbjax.core.scheduler_config import pages_for
 from cbjax.core.scheduler_output import SchedulerOutput
 
-SPECULATIVE = 0  # ScheduledSeq.num_steps of a sequence in a speculative block: its tokens are counted when received
 _FINISHED, _RUNNING = RequestStatus.FINISHED, RequestStatus.RUNNING
 
 
 def is_speculative_block(out: SchedulerOutput) -> bool:
-    return out.num_steps > 1 and bool(out.seqs) and out.seqs[0].num_steps == SPECULATIVE
+    return out.num_steps > 1 and bool(out.seqs) and out.seqs[0].num_steps < 0
+
+
+def budgets(out: SchedulerOutput) -> list[int]:
+    """The most tokens each sequence of the speculative block `out` may get (block_budget, set when planned)."""
+    return [-s.num_steps for s in out.seqs]
 
 
 def receives_at_once(out: SchedulerOutput) -> bool:
@@ -65,10 +72,11 @@ def plan_speculative_block(sched, out: SchedulerOutput) -> bool:
         or out.swap_in
         or out.page_copies
         or sched.window is not None
+        or len(seqs) * (spec.max_drafts + 1) > cfg.max_num_batched_tokens  # (the rows an iteration may verify)
     ):
         return False
     G, max_len, pool, K = sched.cache.page_size, cfg.max_model_len, sched.pool, spec.max_drafts
-    scheduled, needs = set(), []
+    scheduled, needs, budgets = set(), [], []
     for s in seqs:
         req = s.request
         decode = s.num_new_tokens == 1 + len(s.draft_token_ids) and req.num_pending_tokens == 1
@@ -76,6 +84,7 @@ def plan_speculative_block(sched, out: SchedulerOutput) -> bool:
             return False
         scheduled.add(id(req))
         budget = block_budget(req, N, K, max_len)
+        budgets.append(budget)
         # K/V is written up to the context's last token plus budget - 1 more (drafts never outrun the budget).
         needs.append(max(0, pages_for(req.num_tokens - 1 + budget - 1, G) - req.num_dropped_pages - len(req.pages)))
     for req in sched.running:
@@ -85,11 +94,11 @@ def plan_speculative_block(sched, out: SchedulerOutput) -> bool:
     if new_pages and not pool.can_allocate(new_pages):
         return False
     policy = sched.policy
-    for s, need in zip(seqs, needs):
+    for s, need, budget in zip(seqs, needs, budgets):
         if need:
             s.request.pages.extend(pool.allocate(need, policy.choose_eviction))
-        s.num_new_tokens, s.draft_token_ids, s.num_steps = 1, (), SPECULATIVE
-    out.num_batched_tokens = len(seqs)
+        s.num_new_tokens, s.draft_token_ids, s.num_steps = 1, (), -budget
+    out.num_batched_tokens = len(seqs) * (K + 1)  # the most rows an iteration verifies: the block's token bucket
     out.num_steps = N
     return True
 

@@ -85,7 +85,8 @@ class Speculator:
         if num_tokens:
             self.rule.observe_step(num_tokens, seconds)
         return dict(
-            spec_draft_tokens=num_draft_tokens,
+            # (A speculative block's drafts are proposed on the device, none in its plan: its tallies count them.)
+            spec_draft_tokens=num_draft_tokens or sum(drafted_by_position),
             spec_accepted_tokens=self.num_accepted_tokens - accepted,
             spec_verified_seqs=self.num_verified_seqs - verified,
             spec_drafted_by_position=drafted_by_position,

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from cbjax.core.speculation.speculative_blocks import block_budget, is_speculative_block
+from cbjax.core.speculation.speculative_blocks import budgets, is_speculative_block
 from cbjax.runner import sharding
 from cbjax.runner.compilation.program_family import ProgramFamily
 from cbjax.runner.flat_input import flat_input
@@ -29,7 +29,8 @@ class SpeculativeBlocks:
         p = self.parts = runner_parts
         b = p["buckets"]
         self.history_len = b.pages_per_seq * b.page_size  # >= max_model_len: every context fits
-        top = b.token_bucket(min(b.max_num_seqs, b.token_buckets[-1]))
+        # A block of n sequences runs in bucket T >= n (K + 1) (the rows of an iteration, speculative_blocks.py).
+        top = b.token_bucket(min(b.max_num_seqs * (max_drafts + 1), b.token_buckets[-1]))
         key = lambda T: (*p["key"](T), "speculative_block", self.shape, self.rule)
         self.programs = ProgramFamily([n for n in b.token_buckets if n <= top], self._build, key, compiles)
 
@@ -60,14 +61,13 @@ class SpeculativeBlocks:
         """Each slot's context (history [S, L]) and budget [S], slot i holding out.seqs[order[i]]."""
         S = self.parts["buckets"].slots(T)
         history = np.zeros((S, self.history_len), np.int32)
-        budgets = np.zeros(S, np.int32)
-        shape = self.shape
         for i, j in enumerate(order):
             req = out.seqs[j].request
             n = req.num_tokens - 1  # (its last output is the block's, pending)
             history[i, :n] = req.all_token_ids[:n]
-            budgets[i] = block_budget(req, shape.iterations, shape.max_drafts, self.history_len)
-        return history, budgets
+        limits = np.zeros(S, np.int32)
+        limits[: len(order)] = np.asarray(budgets(out), np.int32)[order]
+        return history, limits
 
     def run(self, params, kv_caches, inp, order: list[int], out, pending_tokens):
         """Run the block `out`, packed as `inp` (its first step, a flat decode input); returns (results on the

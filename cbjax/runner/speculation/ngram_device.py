@@ -1,10 +1,9 @@
 """N-gram prompt lookup on the device: the host proposer's rule (cbjax/core/speculation/ngram.py), jnp over a padded
 per-slot token history, so that a program can propose drafts between its own steps without the host.
 
-The first building block of speculation inside decode blocks (issue 37): a block that verifies drafts on the device
-has to propose the next drafts from tokens only the device knows yet. **Not used by any program yet**: the block
-that would call it (verify forward, acceptance and history update on the device, pages for the worst case) is not
-built. The rule is the host's, token for token (a test compares the two on random contexts): the longest suffix
+Speculation inside decode blocks (issue 37; speculative_block.py calls it between its iterations): a block that
+verifies drafts on the device has to propose the next drafts from tokens only the device knows yet. The rule is the
+host's, token for token (a test compares the two on random contexts): the longest suffix
 n-gram (prompt_lookup_max down to min tokens, at most the context length - 1) that occurred earlier proposes the
 tokens after its most recent earlier occurrence that has k tokens after it, else after its earliest one; fewer
 than k where the context ends first.

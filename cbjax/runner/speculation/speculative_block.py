@@ -6,11 +6,14 @@ default ran 8 decode steps per dispatch).
 The block's input is its first step, packed as a decode step (slot s's one token is its last known token, at
 position kv_lens[s] - 1; nothing pending), plus each slot's context history [S, L] (the tokens before and
 including that last token, then anything) and its budget [S] (the most tokens the block may give it: its
-max_tokens, the history's length and N (K + 1) bound it; 0 for an empty slot). An iteration:
+max_tokens, max_model_len and N (K + 1) bound it, core/speculation/speculative_blocks.py; 0 for an empty slot).
+An iteration:
   1. propose: up to min(K, budget left - 1) drafts per slot from its history (so no slot outgrows its budget);
-  2. verify: one forward pass of K + 1 rows per live slot (its last token, then its drafts; rows past a slot's
-     drafts, and every row of a slot past its budget, write their K/V to the spare page), or of 1 row per slot
-     when no slot has a draft (the plain decode step: an iteration without drafts costs what a decode step costs);
+  2. verify: one forward pass over every slot's rows, packed ragged (its last token, then its drafts; a slot
+     past its budget has one row written to the spare page), padded to the block's T rows (a bucket of at least
+     K + 1 per live slot) whether or not any slot has a draft: a lax.cond choosing a 1-row forward carried the KV
+     cache through both branches, and XLA on CPU copied it whole each iteration (2.7 s a block with tinypy's 32768
+     pages, measured);
   3. accept (the speculation's rule, acceptance.py: greedy is exact match; sample-and-match draws row j with the
      slot's seed and output index, as a step without speculation would): the leading passed drafts, then the
      sampled token at the first rejected row (or the bonus row);
@@ -68,33 +71,39 @@ def speculative_block(model, kv_caches, inp, token_ids, history, budgets, shape:
     k_pages = kv_caches[0][0]
     G, spare_slot = k_pages.shape[2], (k_pages.shape[1] - 1) * k_pages.shape[2]
     W = inp.page_indices.shape[1]
+    R = inp.token_ids.shape[0]  # the forward's rows: the block's bucket T >= live slots * (K + 1) (the scheduler's)
     n_live = inp.num_seqs[0]
     live = jnp.arange(S) < n_live
     sampling = (inp.temperature, inp.top_k, inp.top_p, inp.seeds)
     start = inp.positions[:S]  # each slot's last token's position before the block
     produced_of = lambda pos: pos - start
 
-    def forward(width: int, last, pos, active, drafts, counts, kv):
-        """Rows 0..width-1 of every live slot (its last token, then its drafts) through the model; returns each
-        row's sampled token and whether its draft passed, [S, K + 1] (columns past `width`: 0 / False), and kv."""
-        j = jnp.arange(width)
-        tokens = jnp.concatenate([last[:, None], jnp.maximum(drafts[:, : width - 1], 0)], axis=1)  # [S, width]
-        positions = pos[:, None] + j
-        page = jnp.take_along_axis(inp.page_indices, jnp.minimum(positions // G, W - 1), axis=1)
-        writes = active[:, None] & (j <= counts[:, None])
-        slots = jnp.where(writes, page * G + positions % G, spare_slot)
-        q_lens = jnp.where(live, width, 0)
+    def forward(last, pos, active, drafts, counts, kv):
+        """Each active slot's rows (its last token, then its drafts) through the model, packed ragged: slot s's
+        rows lead at cu[s] (an inactive live slot: one row at position 0, written to the spare page), padding rows
+        after all of them. Returns each row's sampled token and whether its draft passed, [S, K + 1] (rows past a
+        slot's drafts: anything), and kv."""
+        j = jnp.arange(K + 1)
+        q_lens = jnp.where(active, counts + 1, jnp.where(live, 1, 0))
         cu = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(q_lens)]).astype(jnp.int32)
-        kv_lens = jnp.where(live, pos + width, 0).astype(jnp.int32)
-        md = AttentionMetadata(slots.reshape(-1), kv_lens, inp.page_indices, cu, inp.num_seqs)
-        hidden, kv = run_model(tokens.reshape(-1), positions.reshape(-1).astype(jnp.int32), kv, md)
-        logits = model.logits(hidden, valid_rows=cu[-1:])  # [S * width, V]: live slots' rows lead
-        row_drafts = jnp.where(j[None, :] < counts[:, None], jnp.pad(drafts, ((0, 0), (0, 1)))[:, :width], -1)
+        at = jnp.where(j[None, :] < q_lens[:, None], cu[:S, None] + j, R)  # [S, K + 1] -> flat row (R: dropped)
+        flat = lambda x, fill=0: jnp.full(R, fill, x.dtype).at[at].set(jnp.broadcast_to(x, at.shape), mode="drop")
+        gather = lambda x: x[jnp.minimum(at, R - 1)]
+        positions = jnp.where(active, pos, 0)[:, None] + j
+        page = jnp.take_along_axis(inp.page_indices, jnp.minimum(positions // G, W - 1), axis=1)
+        slots = jnp.where(active[:, None], page * G + positions % G, spare_slot)
+        tokens = jnp.concatenate([last[:, None], jnp.maximum(drafts, 0)], axis=1)  # [S, K + 1]
+        # kv_lens: each row's position is kv_len - q_len + its index (the ragged kernels' contract), so an active
+        # slot's context ends at its last row and never runs past the pages the scheduler gave it.
+        kv_lens = jnp.where(active, pos + q_lens, jnp.where(live, 1, 0)).astype(jnp.int32)
+        md = AttentionMetadata(flat(slots, spare_slot), kv_lens, inp.page_indices, cu, inp.num_seqs)
+        hidden, kv = run_model(flat(tokens), flat(positions.astype(jnp.int32)), kv, md)
+        logits = model.logits(hidden, valid_rows=cu[-1:])  # [R, V]: the slots' rows lead
+        row_drafts = jnp.where(j[None, :] < counts[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), -1)
         counters = inp.counters[:, None] + produced_of(pos)[:, None] + j
-        per_row = lambda x: jnp.repeat(x, width)
-        sampled, passed = rule(logits, row_drafts.reshape(-1), *map(per_row, sampling), counters.reshape(-1))
-        pad = ((0, 0), (0, K + 1 - width))
-        return jnp.pad(sampled.reshape(S, width), pad), jnp.pad(passed.reshape(S, width), pad), kv
+        per_row = [flat(x[:, None]) for x in sampling]
+        sampled, passed = rule(logits, flat(row_drafts, -1), *per_row, flat(counters))
+        return gather(sampled), gather(passed), kv
 
     def iteration(carry):
         i, kv, last, pos, history, out, drafted, accepted = carry
@@ -102,10 +111,7 @@ def speculative_block(model, kv_caches, inp, token_ids, history, budgets, shape:
         active = live & (produced < budgets)
         want = jnp.where(active, jnp.clip(budgets - produced - 1, 0, K), 0)
         drafts, counts = propose_ngram(history[:, :L], pos + 1, want, shape.min_n, shape.max_n, K)
-        args = (last, pos, active, drafts, counts, kv)
-        sampled, passed, kv = jax.lax.cond(
-            jnp.any(counts > 0), lambda: forward(K + 1, *args), lambda: forward(1, *args)
-        )
+        sampled, passed, kv = forward(last, pos, active, drafts, counts, kv)
         n_passed = first_rejection(passed, counts)
         j = jnp.arange(K + 1)[None, :]
         new = jnp.where(j < n_passed[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), sampled)  # [S, K + 1]

@@ -9,6 +9,7 @@ production_traces.py  the Azure LLM inference traces' and BurstGPT's CSV files a
 workload.py     make_workload(cfg): the entry point experiments use
 fields.py       reading and checking config fields
 online.py       the online loop: requests join a running engine as the clock reaches them
+run_gc.py       the garbage collector around one run: what exists before it frozen, paused while a simulated one runs
 sessions.py     multi-turn sessions in the online loop: a turn is released when the one before it has finished
 metrics.py      vLLM's serving metrics (TTFT, TPOT, ITL, E2E, goodput) and per-step engine metrics
 intervals.py    medians over repeated runs with bootstrap intervals, paired ratios, significance

@@ -146,6 +146,8 @@ class StepRecord:
     @classmethod
     def from_engine(cls, record: dict, t0: float) -> StepRecord:
         """An engine's step record (a dict of these fields) with its times taken from `t0` (the run's start)."""
+        if t0 == 0.0 and "scheduled_time" in record:  # (a run from time 0: t - 0.0 is t, so no copy to make)
+            return cls(**record)
         return cls(**{**record, "time": record["time"] - t0, "scheduled_time": record.get("scheduled_time", t0) - t0})
 
     # > 1: a block of this many decode steps in one dispatch (cbjax/core/multi_step.py); the other fields describe

@@ -25,44 +25,44 @@ def receive_step(sched, out: SchedulerOutput, sampled: Sequence[int], eos_token_
     changed = []
     caching, G, max_len = sched.pool.enable_caching, sched.cache.page_size, sched.config.max_model_len
     sampled = sampled.tolist() if hasattr(sampled, "tolist") else sampled  # numpy: ints in one call, not one each
-    for step, row in enumerate(sampled) if out.num_steps > 1 else ((0, sampled),):
+    add = changed.append
+    single = out.num_steps <= 1  # (then every sequence runs the one step: num_steps 1)
+    for step, row in ((0, sampled),) if single else enumerate(sampled):
         for seq, token in zip(out.seqs, row):
             req = seq.request
-            if req.status is _FINISHED or step >= seq.num_steps:
+            if req.status is _FINISHED or (not single and step >= seq.num_steps):
                 continue  # aborted, or stopped while this step ran; or done with the block's steps
             if seq.draft_token_ids:
                 changed += [req] * speculation.receive_verified(sched, req, seq, token, eos_token_id, now)
                 continue
-            samples = seq.samples_token
-            if samples:
-                # Request.receive_token, inline (once per generated token): the oldest pending output gets its value.
-                token, outs = int(token), req.output_token_ids
-                i = len(outs) - req.num_pending_tokens
-                outs[i] = token
-                req.all_token_ids[req.num_prompt_tokens + i] = token
-                req.num_pending_tokens -= 1
-                m = req.metrics
-                if m.first_token_time is None:
-                    m.first_token_time = now
-                m.token_times.append(now)
-                changed.append(req)
-            if caching and req.status is _RUNNING and req.num_computed_tokens // G > req.num_registered_pages:
+            if not seq.samples_token:  # a prompt chunk short of the end: its full pages only
+                if caching and req.num_computed_tokens // G > req.num_registered_pages and req.status is _RUNNING:
+                    sched.register_full_pages(req)
+                continue
+            # Request.receive_token, inline (once per generated token): the oldest pending output gets its value.
+            token, outs = int(token), req.output_token_ids
+            i = len(outs) - req.num_pending_tokens
+            end = req.num_prompt_tokens + i + 1  # its context's length with it
+            outs[i] = token
+            req.all_token_ids[end - 1] = token
+            req.num_pending_tokens -= 1
+            m = req.metrics
+            if m.first_token_time is None:
+                m.first_token_time = now
+            m.token_times.append(now)
+            add(req)
+            # (a page fills once every page_size tokens: that test first)
+            if caching and req.num_computed_tokens // G > req.num_registered_pages and req.status is _RUNNING:
                 sched.register_full_pages(req)
-            if samples:
-                p = req.params
-                # Only a token that could stop the request asks Request.stop_reason (which decides): an EOS or stop
-                # id, or the last one max_tokens or max_model_len allows.
-                if not (
-                    token == eos_token_id
-                    or token in p.stop_token_ids
-                    or i + 1 >= p.max_tokens
-                    or req.num_prompt_tokens + i + 1 >= max_len
-                ):
-                    continue
-                reason = req.stop_reason(i, eos_token_id, max_len)
-                if reason is not None:
-                    out.num_wasted_tokens += seq.num_steps - 1 - step  # a block's steps past it (multi_step.py)
-                    req.drop_outputs_after(i)
-                    sched.unqueue(req)
-                    sched.finish(req, reason, now)
+            p = req.params
+            # Only a token that could stop the request asks Request.stop_reason (which decides): an EOS or stop id,
+            # or the last one max_tokens or max_model_len allows.
+            if not (token == eos_token_id or token in p.stop_token_ids or i + 1 >= p.max_tokens or end >= max_len):
+                continue
+            reason = req.stop_reason(i, eos_token_id, max_len)
+            if reason is not None:
+                out.num_wasted_tokens += seq.num_steps - 1 - step  # a block's steps past it (multi_step.py)
+                req.drop_outputs_after(i)
+                sched.unqueue(req)
+                sched.finish(req, reason, now)
     return changed

@@ -61,16 +61,16 @@ def step_features(out: SchedulerOutput, padded_tokens: int, bytes_per_page: int)
             max_ctx = ctx
         if s.samples_token:
             sampling += 1
-    return StepFeatures(
-        padded_tokens=padded_tokens,
-        num_tokens=decode + prefill,
-        decode_tokens=decode,
-        prefill_tokens=prefill,
-        num_seqs=len(out.seqs),
-        num_sampling_seqs=sampling,
-        sum_context=sum_ctx,
-        max_context=max_ctx,
-        attention_pairs=pairs,
-        swap_bytes=(len(out.swap_out) + len(out.swap_in)) * bytes_per_page,
-        copy_bytes=len(out.page_copies) * bytes_per_page,
+    return StepFeatures(  # positionally, in the fields' order (keywords cost ~0.5 us more per step)
+        padded_tokens,
+        decode + prefill,
+        decode,
+        prefill,
+        len(out.seqs),
+        sampling,
+        sum_ctx,
+        max_ctx,
+        pairs,
+        (len(out.swap_out) + len(out.swap_in)) * bytes_per_page,
+        len(out.page_copies) * bytes_per_page,
     )

@@ -34,6 +34,18 @@ def reference(prompt: list[int], max_tokens: int, vocab_size: int, eos: int | No
             return out
 
 
+def assert_reference_outputs(reqs: dict, expected: dict, sched: Scheduler, num_pages: int) -> None:
+    """Every request of `reqs` (request id -> (Request, anything)) finished with its `expected` tokens (an aborted one
+    with a prefix of them), and every page went back to the pool."""
+    for rid, (r, _) in reqs.items():
+        assert r.is_finished
+        if r.finish_reason.value == "abort":
+            assert r.output_token_ids == expected[rid][: len(r.output_token_ids)]
+        else:
+            assert r.output_token_ids == expected[rid], rid
+    assert sched.pool.num_free == num_pages, "page leak"
+
+
 @dataclasses.dataclass
 class FakeStepHandle:
     """A step the fake runner has run (at dispatch: there is no device to wait for)."""

@@ -12,15 +12,14 @@ import dataclasses
 
 from hypothesis import HealthCheck, given, settings
 
-from cbjax.core import Request, SamplingParams, VirtualClock
+from cbjax.core import Request, VirtualClock
 from cbjax.core import scheduler as scheduler_module
 from cbjax.core.decode_walk import general_visits
 from cbjax.core.policy_zoo import make_policy
 from cbjax.core.scheduler import Scheduler
-from tests.core.fake_runner import FakeRunner
 from tests.core.scheduler_setup import make_scheduler
-from tests.core.test_fast_ranking import batch
-from tests.core.test_policy_invariants import EOS, VOCAB, cases
+from tests.core.test_fast_ranking import run_lockstep
+from tests.core.test_policy_invariants import cases
 
 
 def _every_visit(sched, ranking, step, drafting):
@@ -55,43 +54,13 @@ def run_twins(case) -> int:
     opts = dict(batch_timeout_s=config.static_batch_timeout_s)
     scheds = [make_scheduler(config, clock, make_policy(config.policy, config.policy_options, **opts)) for _ in "ab"]
     scheds[1].__class__ = GeneralPathScheduler
-    runners = [FakeRunner(s, VOCAB) for s in scheds]
-    reqs: list[dict] = [{}, {}]
-    pending = sorted(enumerate(case.requests), key=lambda x: x[1][0])
-    step, in_flight = 0, [None, None]
-    while pending or any(s.has_unfinished() for s in scheds) or any(in_flight):
-        while pending and pending[0][1][0] <= step:
-            i, (_, prompt, max_tokens, prio, tenant, slack, abort_at) = pending.pop(0)
-            for k, s in enumerate(scheds):
-                r = Request(
-                    f"r{i}", prompt, SamplingParams(max_tokens=max_tokens), clock.now(), seed=0, arrival_order=i,
-                    priority=prio, tenant=tenant, deadline=None if slack is None else clock.now() + slack,
-                )  # fmt: skip
-                s.add(r)
-                reqs[k][r.request_id] = (r, abort_at)
-        for k, s in enumerate(scheds):
-            for r, abort_at in reqs[k].values():
-                if abort_at == step and not r.is_finished:
-                    s.abort(r)
-        outs = [s.schedule() for s in scheds]
-        assert batch(outs[0]) == batch(outs[1]), f"step {step}"
+
+    def same_state(step, outs, reqs):
         assert outs[0].num_steps == outs[1].num_steps and outs[0].page_copies == outs[1].page_copies
-        tokens = [runner.execute(out) for runner, out in zip(runners, outs)]
-        assert list(tokens[0]) == list(tokens[1])
-        clock.advance(0.001)
-        for k, s in enumerate(scheds):
-            if case.asynchronous:
-                if in_flight[k] is not None:
-                    s.update(*in_flight[k], EOS, clock.now())
-                in_flight[k] = (outs[k], tokens[k]) if outs[k].seqs else None
-            else:
-                s.update(outs[k], tokens[k], EOS, clock.now())
         a, b = ([_state(r) for r, _ in reqs[k].values()] for k in (0, 1))
         assert a == b, f"step {step}"
-        step += 1
-        if step == 2000:  # mlfq with a short starvation limit can preempt back and forth for ever (both alike)
-            break
-    return step
+
+    return run_lockstep(case, clock, scheds, after_step=same_state)[0]
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -123,20 +123,15 @@ def batch(out) -> tuple:
     )
 
 
-def run_both(case, make_policies=policies_of, after_update=None) -> tuple[int, list[Request]]:
-    """Drive a fast-path and a general-path scheduler in lockstep; returns the number of steps and the fast path's
-    requests. `make_policies`
-    (config -> (fast, general)) builds the pair; `after_update(scheduler, its step's output)` checks each scheduler
-    after every update (tests/core/test_length_aware.py)."""
-    config = dataclasses.replace(case.config, policy_options=case.policy_options)
-    clock = VirtualClock()
-    fast_policy, general_policy = make_policies(config)
-    scheds = [make_scheduler(config, clock, fast_policy), make_scheduler(config, clock, general_policy)]
+def run_lockstep(case, clock, scheds, after_update=None, after_step=None) -> tuple[int, list[dict]]:
+    """Drive two schedulers built on `clock` in lockstep through `case` (its arrivals, aborts, synchronous or
+    asynchronous updates), each with its own fake runner, requiring the same batch and tokens at every step. Calls
+    `after_update(scheduler, its step's output)` after each update and `after_step(step, outputs, requests)` after
+    both (requests: per scheduler, request id -> (Request, abort step)). Returns the steps and the requests."""
     runners = [FakeRunner(s, VOCAB) for s in scheds]
-    reqs = [{}, {}]
+    reqs: list[dict] = [{}, {}]
     pending = sorted(enumerate(case.requests), key=lambda x: x[1][0])
-    step = 0
-    in_flight = [None, None]
+    step, in_flight = 0, [None, None]
     while pending or any(s.has_unfinished() for s in scheds) or any(in_flight):
         while pending and pending[0][1][0] <= step:
             i, (_, prompt, max_tokens, prio, tenant, slack, abort_at) = pending.pop(0)
@@ -165,12 +160,30 @@ def run_both(case, make_policies=policies_of, after_update=None) -> tuple[int, l
                 s.update(outs[k], tokens[k], EOS, clock.now())
             if after_update is not None:
                 after_update(s, outs[k])
-        assert [r.request_id for r in scheds[0].waiting] == [
-            r.request_id for r in SortedWaiting.of(scheds[1].waiting, fast_policy.waiting_key).requests
-        ]
+        if after_step is not None:
+            after_step(step, outs, reqs)
         step += 1
         if step == 2000:  # mlfq with a starvation limit of a step or two can preempt back and forth for ever
             break  # (both paths alike): 2000 equal steps are the check
+    return step, reqs
+
+
+def run_both(case, make_policies=policies_of, after_update=None) -> tuple[int, list[Request]]:
+    """Drive a fast-path and a general-path scheduler in lockstep (`run_lockstep`, which also requires the same
+    waiting order at every step); returns the number of steps and the fast path's requests. `make_policies`
+    (config -> (fast, general)) builds the pair; `after_update(scheduler, its step's output)` checks each scheduler
+    after every update (tests/core/test_length_aware.py)."""
+    config = dataclasses.replace(case.config, policy_options=case.policy_options)
+    clock = VirtualClock()
+    fast_policy, general_policy = make_policies(config)
+    scheds = [make_scheduler(config, clock, fast_policy), make_scheduler(config, clock, general_policy)]
+
+    def same_waiting_order(step, outs, reqs):
+        assert [r.request_id for r in scheds[0].waiting] == [
+            r.request_id for r in SortedWaiting.of(scheds[1].waiting, fast_policy.waiting_key).requests
+        ], f"step {step}"
+
+    step, reqs = run_lockstep(case, clock, scheds, after_update, same_waiting_order)
     return step, [r for r, _ in reqs[0].values()]
 
 

@@ -16,7 +16,7 @@ from cbjax.core.speculation.draft_length import BatchSizeDraftLength, MeasuredDr
 from cbjax.core.speculation.ngram import NgramProposer
 from cbjax.core.speculation.speculator import Speculator
 from cbjax.engine_config import EngineConfig
-from tests.core.fake_runner import next_token
+from tests.core.fake_runner import assert_reference_outputs, next_token
 from tests.core.scheduler_setup import FlatConfig, make_scheduler
 from tests.core.test_policy_invariants import EOS, VOCAB, Case, admit_and_abort, cases, check_step
 
@@ -201,13 +201,7 @@ def run_case_with_drafts(case: Case, k: int, seed: int) -> tuple[Scheduler, list
         check_step(s, out)
         step += 1
         assert step < 5000, "requests did not finish"
-    for rid, (r, _) in reqs.items():
-        assert r.is_finished
-        if r.finish_reason.value == "abort":
-            assert r.output_token_ids == expected[rid][: len(r.output_token_ids)]
-        else:
-            assert r.output_token_ids == expected[rid], rid
-    assert s.pool.num_free == case.config.num_pages, "page leak"
+    assert_reference_outputs(reqs, expected, s, case.config.num_pages)
     if s.host_pool is not None:
         assert s.host_pool.num_free == s.host_pool.num_pages
     return s, steps

@@ -12,6 +12,7 @@ from cbjax.core.request import PENDING_TOKEN
 from cbjax.core.speculation.config import SpeculativeConfig
 from cbjax.core.speculation.draft_length import DraftLengthRule
 from cbjax.core.speculation.speculator import Speculator
+from tests.core.fake_runner import assert_reference_outputs
 from tests.core.scheduler_setup import FlatConfig, make_scheduler
 from tests.core.test_policy_invariants import EOS, Case, admit_and_abort, cases, check_step
 from tests.core.test_speculation import MostlyRightProposer, execute_with_drafts
@@ -55,13 +56,7 @@ def run_mixed(case: Case, k: int, steps_per_block: int, seed: int):
             assert PENDING_TOKEN not in r.all_token_ids
         step += 1
         assert step < 5000, "requests did not finish"
-    for rid, (r, _) in reqs.items():
-        assert r.is_finished
-        if r.finish_reason.value == "abort":
-            assert r.output_token_ids == expected[rid][: len(r.output_token_ids)]
-        else:
-            assert r.output_token_ids == expected[rid], rid
-    assert s.pool.num_free == case.config.num_pages, "page leak"
+    assert_reference_outputs(reqs, expected, s, case.config.num_pages)
     return s, steps
 
 

@@ -15,7 +15,7 @@ from cbjax.core.request import PENDING_TOKEN
 from cbjax.core.speculation.config import SpeculativeConfig
 from cbjax.core.speculation.speculative_blocks import budgets, is_speculative_block
 from cbjax.core.speculation.speculator import Speculator
-from tests.core.fake_runner import next_token
+from tests.core.fake_runner import assert_reference_outputs, next_token
 from tests.core.scheduler_setup import FlatConfig, make_scheduler
 from tests.core.test_policy_invariants import EOS, VOCAB, Case, admit_and_abort, cases, check_step
 from tests.core.test_speculation import MostlyRightProposer, execute_with_drafts
@@ -97,13 +97,7 @@ def run_blocks(case: Case, seed: int):
         for r in s.running:
             assert PENDING_TOKEN not in r.all_token_ids or not block
         assert len(steps) < 5000, "requests did not finish"
-    for rid, (r, _) in reqs.items():
-        assert r.is_finished
-        if r.finish_reason.value == "abort":
-            assert r.output_token_ids == expected[rid][: len(r.output_token_ids)]
-        else:
-            assert r.output_token_ids == expected[rid], rid
-    assert s.pool.num_free == case.config.num_pages, "page leak"
+    assert_reference_outputs(reqs, expected, s, case.config.num_pages)
     return s, steps
 
 

@@ -24,8 +24,8 @@ _NO_HOOK = Policy.on_scheduled
 def general_visits(sched, ranking: Ranking, step, drafting: bool) -> Iterator[tuple[Request, int]]:
     """The visits `(req, lower)` of this step's walk over `ranking` (the order of sorted_ranking.visits, which it
     walks itself, one generator fewer per sequence) that the scheduler's general path must handle, in order;
-    meanwhile each running sequence's decode is planned inline exactly as Scheduler._extend would, and the visits
-    the general path would skip are skipped. Ends with the walk or when the step's budget is spent.
+    meanwhile each running sequence's decode is planned inline exactly as the general path would plan it, and the
+    visits the general path would skip are skipped. Ends with the walk or when the step's budget is spent.
 
     A visit is planned here when it is a running sequence (not preempted this step, its final token not pending)
     with pages, no drafts this step, one uncomputed token (a decode), in no sequence group and holding no shared
@@ -93,7 +93,7 @@ def general_visits(sched, ranking: Ranking, step, drafting: bool) -> Iterator[tu
                     budget = step.budget
                     continue
                 pages.extend(pool.allocate(new_pages, choose))
-            # Scheduler._scheduled for one decode token: computed from now on, its token pending until update.
+            # As the general path schedules one decode token: computed from now on, its token pending until update.
             add(ScheduledSeq(req, computed, 1, True))  # (no drafts: the field's default, an empty tuple)
             budget -= 1
             m = req.metrics

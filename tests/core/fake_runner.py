@@ -46,6 +46,29 @@ def assert_reference_outputs(reqs: dict, expected: dict, sched: Scheduler, num_p
     assert sched.pool.num_free == num_pages, "page leak"
 
 
+def block_rows(out: SchedulerOutput, first: list, kv: dict, page_size: int, vocab_size: int, sched=None) -> list:
+    """A block of decode steps (cbjax/core/multi_step.py) as the device runs it, given its first step's tokens
+    `first`: in each further step every sequence writes its previous token's K/V at its next position of the fake
+    `kv` ((page, offset) -> (token, position)) and samples from its context; -3 past its steps (never read). With
+    `sched`, a write into a shared page fails. Returns a row of tokens per step."""
+    G, rows = page_size, [first]
+    for i in range(1, out.num_steps):
+        row = []
+        for seq, prev in zip(out.seqs, rows[-1]):
+            if i >= seq.num_steps:
+                row.append(-3)
+                continue
+            r, pos = seq.request, seq.num_computed_tokens + i
+            page = r.pages[pos // G]
+            if sched is not None:
+                assert sched.pool.refcount(page) == 1, f"{r.request_id} writes into shared page {page}"
+            kv[page, pos % G] = (prev, pos)
+            ctx = tuple(kv.get((r.pages[p // G], p % G)) for p in range(pos + 1))
+            row.append(next_token(ctx, vocab_size) if None not in ctx else -2)
+        rows.append(row)
+    return rows
+
+
 @dataclasses.dataclass
 class FakeStepHandle:
     """A step the fake runner has run (at dispatch: there is no device to wait for)."""
@@ -149,19 +172,8 @@ class FakeRunner:
         self.last_sampled = {seq.request.request_id: t for seq, t in zip(out.seqs, tokens) if seq.samples_token}
         if out.num_steps == 1:
             return tokens
-        rows = [tokens]  # a block of decode steps (cbjax/core/multi_step.py): each further step as the device runs it
-        for i in range(1, out.num_steps):
-            row = []
-            for seq, prev in zip(out.seqs, rows[-1]):
-                if i >= seq.num_steps:
-                    row.append(-3)  # past its steps: never read
-                    continue
-                r, pos = seq.request, seq.num_computed_tokens + i
-                page = r.pages[pos // G]
-                assert self.sched.pool.refcount(page) == 1, f"{r.request_id} writes into shared page {page}"
-                self.kv[page, pos % G] = (prev, pos)
-                ctx = tuple(self.kv.get((r.pages[p // G], p % G)) for p in range(pos + 1))
-                row.append(next_token(ctx, self.vocab_size) if None not in ctx else -2)
-                self.last_sampled[r.request_id] = row[-1]
-            rows.append(row)
+        rows = block_rows(out, tokens, self.kv, G, self.vocab_size, self.sched)
+        for j, seq in enumerate(out.seqs):
+            if seq.num_steps > 1:  # its last step's token is the one its next step reads
+                self.last_sampled[seq.request.request_id] = rows[seq.num_steps - 1][j]
         return rows

@@ -16,7 +16,7 @@ from cbjax.core.speculation.draft_length import BatchSizeDraftLength, MeasuredDr
 from cbjax.core.speculation.ngram import NgramProposer
 from cbjax.core.speculation.speculator import Speculator
 from cbjax.engine_config import EngineConfig
-from tests.core.fake_runner import assert_reference_outputs, next_token
+from tests.core.fake_runner import assert_reference_outputs, block_rows, next_token
 from tests.core.scheduler_setup import FlatConfig, make_scheduler
 from tests.core.test_policy_invariants import EOS, VOCAB, Case, admit_and_abort, cases, check_step
 
@@ -164,19 +164,7 @@ def execute_with_drafts(kv: dict, sched: Scheduler, out) -> list:
         result.append(tokens)
     if out.num_steps == 1:
         return result
-    rows = [result]  # a block of decode steps (a step without drafts): each further step as the device runs it
-    for i in range(1, out.num_steps):
-        row = []
-        for seq, prev in zip(out.seqs, rows[-1]):
-            if i >= seq.num_steps:
-                row.append(-3)  # past its steps: never read
-                continue
-            r, pos = seq.request, seq.num_computed_tokens + i
-            kv[r.pages[pos // G], pos % G] = (prev, pos)
-            ctx = tuple(kv.get((r.pages[p // G], p % G)) for p in range(pos + 1))
-            row.append(next_token(ctx, VOCAB) if None not in ctx else -2)
-        rows.append(row)
-    return rows
+    return block_rows(out, result, kv, G, VOCAB)  # a block of decode steps (a step without drafts)
 
 
 def run_case_with_drafts(case: Case, k: int, seed: int) -> tuple[Scheduler, list]:

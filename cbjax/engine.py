@@ -88,6 +88,7 @@ class LLMEngine:
         self.step_records: list[dict] = []
         self._in_flight: collections.deque = collections.deque()  # (StepHandle, its scheduler counters), oldest first
         self.num_steps = 0  # steps dispatched
+        self._streaming = None  # the block in flight whose rows stream (runner/token_stream.py), rows left to take
         # Called after the model ran and before its tokens are stamped with the clock's time: a simulation moves
         # its virtual clock here, so a token's time is the end of the step that made it (cbjax.bench.online).
         self.after_execute: Callable[[], None] | None = None
@@ -259,6 +260,13 @@ class LLMEngine:
 
     def _step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
+        streaming = self._streaming
+        if streaming is not None:  # a block's rows, one per call but its last (which comes with the next dispatch)
+            if streaming.rows_received < streaming.out.num_steps - 1:
+                outputs = self._receive_row(streaming, t0)
+                if outputs is not None:
+                    return outputs
+            self._streaming = None
         sched = self.scheduler
         changed: list[Request] = self._adopted  # (each counts as one token received: its first, made elsewhere)
         self._adopted = []
@@ -277,7 +285,11 @@ class LLMEngine:
                 out = sched.schedule()
         dispatched = out.seqs or out.swap_out or out.swap_in
         if dispatched:
+            if out.num_steps > 1:  # a block: its rows stream when the outputs do (where the runner can)
+                self.runner.stream_rows = self.stream_outputs
             handle = self.runner.dispatch(out)
+            if out.num_steps > 1 and getattr(handle, "stream_base", None) is not None:
+                self._streaming = handle
             self._in_flight.append((handle, dict(zip(_COUNTER_NAMES, map(operator.sub, self._counters(), before)))))
             self.num_steps += 1
         # A step that verifies drafts is received at once: how far its sequences advance is known only then.
@@ -286,6 +298,10 @@ class LLMEngine:
         changed += self._receive(keep, t0)
         if not self.stream_outputs:  # building an output per token was ~10% of a simulated run's time
             changed = [r for r in changed if r.status is _FINISHED]
+        return self._outputs(changed)
+
+    def _outputs(self, changed: list[Request]) -> list[RequestOutput]:
+        """The outputs of a step() call: one per request in `changed`, and the final ones of requests aborted since."""
         timed, build = self.timed, self.output_builder
         if timed is None:
             outputs = build.outputs(changed) if changed else []
@@ -307,25 +323,55 @@ class LLMEngine:
             if self.after_execute is not None:
                 self.after_execute()
             tally = spec.tally() if spec is not None else None
+            host_s = device_s = 0.0
             eos, now = self.model_config.eos_token_id, self.clock.now()
+            first = getattr(handle, "rows_received", 0)  # a streamed block's rows taken already (_receive_row)
+            if first:
+                sampled = sampled[first:]  # (the record adds the host and device time of the calls that took them)
+                host_s, device_s = handle.row_host_s, handle.row_wait_s
             if self.timed is None:
-                got = sched.update(handle.out, sampled, eos, now)
+                got = sched.update(handle.out, sampled, eos, now, first)
             else:
                 with self.timed("update"):
-                    got = sched.update(handle.out, sampled, eos, now)
+                    got = sched.update(handle.out, sampled, eos, now, first)
             if self._with_extras:
                 self._after_extras(got)
             if self.stop_strings:  # before the next step is scheduled: a request that met a stop string ends here
                 self.stop_strings.check(got)
             changed += got
             # Host time: everything in this call but the waits for the device and the swap copies.
-            host_s = time.perf_counter() - t0 - handle.wait_s - handle.swap_s
+            host_s += time.perf_counter() - t0 - handle.wait_s - handle.swap_s
+            device_s += handle.wait_s
             if spec is not None:
                 out = handle.out
-                per_step = (host_s + handle.wait_s) / out.num_steps  # (a block's steps each cost a share)
+                per_step = (host_s + device_s) / out.num_steps  # (a block's steps each cost a share)
                 counts |= spec.step_record(tally, out.num_draft_tokens, out.num_batched_tokens, per_step)
-            self._record_step(handle, host_s, counts)
+            self._record_step(handle, host_s, device_s, counts)
         return changed
+
+    def _receive_row(self, handle: StepHandle, t0: float) -> list[RequestOutput] | None:
+        """The next row of the streaming block `handle` (its step's tokens, as that step ends on the device), received
+        as a step's results are, and its outputs; None if the block stopped streaming (its rows come at its end)."""
+        timed, sched = self.timed, self.scheduler
+        waited = handle.row_wait_s  # (fetch_row adds its wait)
+        if timed is None:
+            row = self.runner.fetch_row(handle)
+        else:
+            with timed("fetch"):
+                row = self.runner.fetch_row(handle)
+        if row is None:
+            return None
+        eos, now = self.model_config.eos_token_id, self.clock.now()
+        if timed is None:
+            got = sched.update(handle.out, row[None], eos, now, handle.rows_received - 1)
+        else:
+            with timed("update"):
+                got = sched.update(handle.out, row[None], eos, now, handle.rows_received - 1)
+        if self.stop_strings:
+            self.stop_strings.check(got)
+        outputs = self._outputs(got if self.stream_outputs else [r for r in got if r.status is _FINISHED])
+        handle.row_host_s += time.perf_counter() - t0 - (handle.row_wait_s - waited)
+        return outputs
 
     def _after_extras(self, got: list[Request]) -> None:
         """Feed each constrained request's newly received outputs to its constraint (TokenConstraint.accept); abort
@@ -354,7 +400,7 @@ class LLMEngine:
             *(_NO_HOST_CACHE if host_cache is None else host_cache_counters(host_cache).values()),
         )
 
-    def _record_step(self, handle: StepHandle, host_s: float, counts: dict[str, int]) -> None:
+    def _record_step(self, handle: StepHandle, host_s: float, device_s: float, counts: dict[str, int]) -> None:
         sched, out = self.scheduler, handle.out
         pool = sched.pool
         # A dict display, not dict(**): built once per step.
@@ -373,7 +419,7 @@ class LLMEngine:
                 "kv_pages_used": pool.num_used,
                 "kv_pages_total": pool.num_pages,
                 "host_s": host_s,
-                "device_s": handle.wait_s,
+                "device_s": device_s,
                 "compiles": self.runner.num_compiles,
                 "swap_out_bytes": handle.swap_out_bytes,
                 "swap_in_bytes": handle.swap_in_bytes,

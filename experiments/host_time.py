@@ -9,6 +9,8 @@ every round runs each variant once, in order, so a drift of the shared machine t
 - "stream, 1 step": LLMEngine.step() with every token streamed (the server's way; issue 37's online case),
 - "finished only, 1 step": LLM.generate with one step per dispatch (the engine builds final outputs only),
 - "blocks (LLM)": LLM.generate with its default blocks of decode steps,
+- "stream, blocks of 8": LLMEngine.step() with every token streamed and num_scheduler_steps=8: on the CPU each
+  block's rows reach the host one per step() (cbjax/runner/token_stream.py), an older tree's all at a block's end,
 - with --tree DIR, the current variants run in that checkout instead of this one (e.g. a commit with only the
   changes being measured applied);
 - with --before_tree DIR (a checkout of an older tree, e.g. `git archive HEAD | tar -x -C DIR`), also "before:
@@ -42,6 +44,7 @@ VARIANTS = {  # name: (flags over the common ones, run in the before tree)
     "stream, 1 step": (["--stream", "--num_scheduler_steps", "1"], False),
     "finished only, 1 step": (["--num_scheduler_steps", "1"], False),
     "blocks (LLM)": ([], False),
+    "stream, blocks of 8": (["--stream", "--num_scheduler_steps", "8"], False),
 }
 
 

@@ -22,10 +22,13 @@ the block is as long as its longest sequence's steps (at least 2), and a sequenc
 slot idle for the rest of the block (nothing waits that could take it).
 What differs from single steps: a sequence that stops on EOS or a stop token inside a block computes (and drops)
 the rest of the block's tokens, as asynchronous scheduling already does for one step (those rows, and those of
-slots idle past their steps, are counted in SchedulerOutput.num_wasted_tokens); its tokens reach the host together
-at the end of the block (streaming deltas of up to N tokens, inter-token latencies of 0 within them); and a
-request arriving during a block waits for its end. Hence on for the offline LLM facade (cbjax/llm.py: nothing
-arrives, final outputs only) and off in LLMEngine.
+slots idle past their steps, are counted in SchedulerOutput.num_wasted_tokens); a request arriving during a block
+waits for its end; and, where the runner cannot stream a block's rows (cbjax/runner/token_stream.py: on the CPU a
+streaming LLMEngine takes them one per step()), its tokens reach the host together at the end of the block
+(streaming deltas of up to N tokens, inter-token latencies of 0 within them). Hence on for the offline LLM facade
+(cbjax/llm.py: nothing arrives, final outputs only) and off by default in LLMEngine (num_scheduler_steps=8 there
+trades the admission delay for less host work per token: docs/benchmarks.md, "Host time at 64 running
+sequences").
 
 Kept out of scheduler.py, which calls `plan_decode_steps` with itself as `sched` (not imported here).
 """

@@ -11,6 +11,11 @@ A step's life on a runner: the Scheduler's `SchedulerOutput` goes to `dispatch`,
 engine may then schedule and dispatch the next step (asynchronous scheduling: the pending tokens of a step are fed
 to the next one by the runner itself) before it calls `fetch` on the older handle, which waits for the step and
 returns its sampled tokens on the host. Handles are fetched in the order they were dispatched, each exactly once.
+
+One optional extra: before dispatching a block of decode steps the engine sets `runner.stream_rows` (whether its
+outputs stream); a handle with a `stream_base` that is not None streams its rows, and the engine then takes them
+one per step() through `runner.fetch_row(handle)` before `fetch` returns the rest (ModelRunner on the CPU:
+cbjax/runner/token_stream.py). A runner whose handles have no `stream_base` needs neither.
 """
 
 from collections.abc import Sequence

@@ -397,13 +397,14 @@ class Scheduler:
 
     # ---- after the step ---------------------------------------------------------------------------------------
     def update(
-        self, out: SchedulerOutput, sampled: Sequence[int], eos_token_id: int | None, now: float
+        self, out: SchedulerOutput, sampled: Sequence[int], eos_token_id: int | None, now: float, first_step: int = 0
     ) -> list[Request]:
-        """The results of step `out` reached the host (step_results.receive_step says how they are applied).
-        Returns the requests that got a token."""
+        """The results of step `out` reached the host (step_results.receive_step says how they are applied; a block
+        of steps may arrive in parts, `first_step` the index of the first row given). Returns the requests that got
+        a token."""
         if is_speculative_block(out):  # (core/speculation/speculative_blocks.py)
             return receive_speculative_block(self, out, sampled, eos_token_id, now)
-        return receive_step(self, out, sampled, eos_token_id, now)
+        return receive_step(self, out, sampled, eos_token_id, now, first_step)
 
     def register_full_pages(self, req: Request) -> None:
         """Offer the pages whose every token now has its KV computed to the prefix cache (and is known: pending

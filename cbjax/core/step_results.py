@@ -14,10 +14,13 @@ from cbjax.core.speculation import scheduling as speculation
 _FINISHED, _RUNNING = RequestStatus.FINISHED, RequestStatus.RUNNING
 
 
-def receive_step(sched, out: SchedulerOutput, sampled: Sequence[int], eos_token_id: int | None, now: float) -> list:
+def receive_step(
+    sched, out: SchedulerOutput, sampled: Sequence[int], eos_token_id: int | None, now: float, first_step: int = 0
+) -> list:
     """The results of step `out` reached the host: each sampled token replaces its pending placeholder, newly
     full pages go to the prefix cache, stopped requests finish. Returns the requests that got a token. A block
-    of steps (multi_step.py) gives a row of tokens per step (`sampled` [num_steps, seqs]), received in order.
+    of steps (multi_step.py) gives a row of tokens per step (`sampled` [num_steps, seqs]), received in order, all at
+    once or in parts (a streaming block's rows, runner/token_stream.py: `sampled` holds the rows from `first_step` on).
 
     With asynchronous scheduling the next step is already scheduled (and running) when this is called, so a
     request may have been preempted since (it still receives its token) or have a newer pending token (dropped
@@ -27,7 +30,7 @@ def receive_step(sched, out: SchedulerOutput, sampled: Sequence[int], eos_token_
     sampled = sampled.tolist() if hasattr(sampled, "tolist") else sampled  # numpy: ints in one call, not one each
     add = changed.append
     single = out.num_steps <= 1  # (then every sequence runs the one step: num_steps 1)
-    for step, row in ((0, sampled),) if single else enumerate(sampled):
+    for step, row in ((0, sampled),) if single else enumerate(sampled, first_step):
         for seq, token in zip(out.seqs, row):
             req = seq.request
             if req.status is _FINISHED or (not single and step >= seq.num_steps):

@@ -7,7 +7,8 @@ every slot that runs it (i < decode_steps[slot]) one position on: position + i, 
 counter + i, and its KV write goes to the page of that position (the scheduler allocated the pages for the whole
 block). A slot past its steps writes to the spare page and keeps its context length; its tokens are ignored.
 The loop runs max(decode_steps) times (a trip count known only at run time), so one program per token bucket
-serves every block of up to N steps.
+serves every block of up to N steps. With a token stream (token_stream.py, CPU only) each step's tokens are also
+written to the host as the step ends, for a streaming engine to take one row per step().
 """
 
 import jax
@@ -18,10 +19,13 @@ from cbjax.runner.head_sample import head_and_sample
 from cbjax.runner.step_input import StepInput
 
 
-def decode_block(model, kv_caches, inp: StepInput, token_ids, num_steps: int, max_num_seqs: int, run_model):
+def decode_block(
+    model, kv_caches, inp: StepInput, token_ids, num_steps: int, max_num_seqs: int, run_model, stream=None
+):
     """Run max(inp.decode_steps) <= `num_steps` decode steps; `token_ids` [T] are the first step's (pending tokens
-    already read in). `run_model(token_ids, positions, kv_caches, metadata)` -> (hidden, kv_caches). Returns (tokens
-    [num_steps, max_num_seqs] (rows past the block's steps: 0), the last step's tokens [max_num_seqs], kv_caches)."""
+    already read in). `run_model(token_ids, positions, kv_caches, metadata)` -> (hidden, kv_caches). `stream`:
+    (the token stream's FFI target, its meta [5] int32) or None. Returns (tokens [num_steps, max_num_seqs] (rows
+    past the block's steps: 0), the last step's tokens [max_num_seqs], kv_caches)."""
     T, S = inp.token_ids.shape[0], inp.kv_lens.shape[0]  # (T >= S: a step holds no more slots than tokens)
     k_pages = kv_caches[0][0]
     G, spare_slot = k_pages.shape[2], (k_pages.shape[1] - 1) * k_pages.shape[2]
@@ -37,7 +41,11 @@ def decode_block(model, kv_caches, inp: StepInput, token_ids, num_steps: int, ma
         md = AttentionMetadata(slots, kv_lens, inp.page_indices, inp.cu_q_lens, inp.num_seqs)
         hidden, kv = run_model(ids, positions, kv, md)
         sampled = head_and_sample(model, hidden, inp._replace(counters=inp.counters + i))
-        return jnp.zeros(T, jnp.int32).at[:S].set(sampled), kv, tokens.at[i, :S].set(sampled)
+        row = jnp.zeros(max_num_seqs, jnp.int32).at[:S].set(sampled)
+        if stream is not None:  # (it returns the row: the loop reads its output, so it is never dropped)
+            target, meta = stream
+            row = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(row.shape, jnp.int32))(meta, i, row)
+        return jnp.zeros(T, jnp.int32).at[:S].set(sampled), kv, tokens.at[i].set(row)
 
     tokens = jnp.zeros((num_steps, max_num_seqs), jnp.int32)
     trips = jnp.minimum(jnp.max(inp.decode_steps), num_steps)

@@ -36,6 +36,7 @@ from cbjax.runner.step_handle import StepHandle
 from cbjax.runner.step_input import BucketTable, StepInput, empty_step_input
 from cbjax.runner.step_packer import StepPacker
 from cbjax.runner.step_program import step_program
+from cbjax.runner.token_stream import TokenStream
 from kernels_pallas.xla_attention import resolve_cpu_impls
 
 
@@ -46,7 +47,8 @@ class ModelRunner:
     tokens, so they never touch a live page. With a `host_pool` (kv_swap.py) the runner swaps KV pages to and from
     host memory (preemption by swap); without one, swapping is off. With `speculation`, a second program per token
     bucket verifies drafts (proposed on the device by `draft`, or by the scheduler's n-gram proposer without one).
-    `num_scheduler_steps` > 1: a third program family runs blocks of that many decode steps (decode_loop.py).
+    `num_scheduler_steps` > 1: a third program family runs blocks of that many decode steps (decode_loop.py); on
+    the CPU their rows also reach the host step by step when `stream_rows` is set (token_stream.py, `fetch_row`).
 
     Two optional hooks, None by default (then each costs one attribute check per step):
     `timed(part)` returns a context manager wrapped around each part of the runner's host work in a step: "pack"
@@ -93,6 +95,10 @@ class ModelRunner:
         self._global_inputs = placement.global_inputs
         self._avals = placement.abstract((self.params, self.kv_caches))  # what the programs are lowered from
         self.decode_steps = num_scheduler_steps
+        self.token_stream = None  # each block step's tokens to the host as it ends (CPU, one device: token_stream.py)
+        if num_scheduler_steps > 1 and self.mesh is None and (self.device is None or self.device.platform == "cpu"):
+            self.token_stream = TokenStream.create(buckets.max_num_seqs, num_scheduler_steps)
+        self.stream_rows = False  # the engine's switch: whether the next blocks stream their rows
         self.programs, self.verify_programs, self.block_programs = self._families(num_scheduler_steps)
         self.swap_out_bytes_total = 0
         self.swap_in_bytes_total = 0
@@ -149,16 +155,19 @@ class ModelRunner:
     def num_compiles(self) -> int:
         return self.compiles.num_compiles
 
-    def run_input(self, inp: "StepInput | FlatStepInput", verify: bool = False):
+    def run_input(self, inp: "StepInput | FlatStepInput", verify: bool = False, stream_meta=None):
         """Run a packed step input on the program of its kind and bucket (built now if it is not yet), on this
         runner's parameters and KV cache (the step's KV writes land there) and the last dispatched step's pending
         tokens; returns the sampled tokens, still on the device (for a block of decode steps: every step's and the
         last step's). `dispatch` packs and runs a step through this; benchmarks replay recorded inputs with it
-        (experiments/throughput.py) or time one program (experiments/profile_step.py)."""
+        (experiments/throughput.py) or time one program (experiments/profile_step.py). `stream_meta`: a block's
+        token stream (TokenStream.reserve; None: its rows are not streamed)."""
         flat = flat_input(inp)
         programs = self.block_programs if flat.layout.blocks else self.programs
         program = (self.verify_programs if verify else programs).get(flat.layout.T)
         args = (flat.ints, flat.floats, flat.verify)
+        if flat.layout.blocks:  # (after the pending tokens and the draft model's two empty places)
+            tail = (None, None, TokenStream.off_meta() if stream_meta is None else stream_meta)
         if self._global_inputs:
             replicated = NamedSharding(self.mesh, PartitionSpec())
             args = jax.tree.map(lambda a: sharding.put_global(a, replicated), args)
@@ -167,7 +176,9 @@ class ModelRunner:
             tokens, self.kv_caches, d.kv_caches = program(
                 self.params, self.kv_caches, *args, self.pending_tokens, d.params, d.kv_caches
             )
-        elif verify or flat.layout.blocks:
+        elif flat.layout.blocks:
+            tokens, self.kv_caches = program(self.params, self.kv_caches, *args, self.pending_tokens, *tail)
+        elif verify:
             tokens, self.kv_caches = program(self.params, self.kv_caches, *args, self.pending_tokens)
         else:  # a plain step: its sample rows' hidden states stay on the device for the sampling extras
             tokens, self.sample_hidden, self.kv_caches = program(
@@ -194,6 +205,7 @@ class ModelRunner:
             b.pages_per_seq,
             b.max_num_seqs,
             steps,
+            self.token_stream.target if steps > 1 and self.token_stream is not None else None,
             self.speculation if verify else None,
             self.draft.key() if verify and self.draft is not None else None,
         )
@@ -214,8 +226,9 @@ class ModelRunner:
         args, outs = (params, kv_caches, flat.ints, flat.floats, flat.verify, prev), (prev, kv_caches)
         if steps == 1 and not verify:  # a plain step also returns its sample rows' hidden states (the tree's shape)
             outs = (prev, prev, kv_caches)
-        if steps > 1:  # a block of decode steps: every step's tokens, and the last step's
+        if steps > 1:  # a block of decode steps: every step's tokens, and the last step's; it takes a stream's meta
             outs = ((jax.ShapeDtypeStruct((steps, b.max_num_seqs), jnp.int32), prev), kv_caches)
+            args += (None, None, TokenStream.off_meta())
         drafting = verify and self.draft is not None
         if drafting:  # the draft's params and KV follow (see step_program.py)
             args, outs = args + self.draft.avals, outs + (self.draft.avals[1],)
@@ -238,6 +251,7 @@ class ModelRunner:
             speculation=self.speculation if verify else None,
             draft_graphdef=self.draft.graphdef if drafting else None,
             decode_steps=steps,
+            stream_target=self.token_stream.target if steps > 1 and self.token_stream is not None else None,
         )
         fresh = CompileCounter()
         with fresh.counting():
@@ -329,22 +343,25 @@ class ModelRunner:
                 self.kv_caches = self.page_copier(self.kv_caches, out.page_copies)
         if out.seqs:
             handle.verified = verify = self.speculation is not None and out.num_draft_tokens > 0
+            meta = None
+            if out.num_steps > 1 and self.stream_rows and self.token_stream is not None and not self._speculative(out):
+                handle.stream_base, meta = self.token_stream.reserve(out.num_steps)
             timed = self.timed
             if timed is None:
                 inp, handle.order = self.packer.pack(out, verify)
-                handle.tokens = self._launch(out, inp, handle.order, verify)
+                handle.tokens = self._launch(out, inp, handle.order, verify, meta)
             else:
                 with timed("pack"):
                     inp, handle.order = self.packer.pack(out, verify)
                 with timed("launch"):
-                    handle.tokens = self._launch(out, inp, handle.order, verify)
+                    handle.tokens = self._launch(out, inp, handle.order, verify, meta)
             if self.extras is not None and out.num_steps == 1 and not verify:
                 handle.tokens, handle.extras = self.extras.after_step(
                     self.params, out, handle.order, inp, self.sample_hidden, handle.tokens
                 )
             # A verifying step is received before the next is scheduled (the engine waits for it), so the next
             # step has no pending token to read from it. A block's next step reads its last step's tokens.
-            if self.speculative_blocks is not None and self.speculative_blocks.runs(out):
+            if self._speculative(out):
                 self.pending_tokens = self._no_pending  # (the engine receives it before scheduling the next)
             elif out.num_steps > 1:
                 handle.tokens, self.pending_tokens = handle.tokens
@@ -356,10 +373,14 @@ class ModelRunner:
             self.on_dispatch(handle)
         return handle
 
-    def _launch(self, out: SchedulerOutput, inp: StepInput, order: list[int], verify: bool):
+    def _speculative(self, out: SchedulerOutput) -> bool:
+        """Whether `out` is a block of n-gram speculation (speculation/block_runner.py; its rows do not stream)."""
+        return self.speculative_blocks is not None and self.speculative_blocks.runs(out)
+
+    def _launch(self, out: SchedulerOutput, inp: StepInput, order: list[int], verify: bool, stream_meta=None):
         """Run a packed step; a verifying step holding a structured-output request on the masked variant."""
-        blocks = self.speculative_blocks
-        if blocks is not None and blocks.runs(out):
+        if self._speculative(out):
+            blocks = self.speculative_blocks
             tokens, self.kv_caches = blocks.run(self.params, self.kv_caches, inp, order, out, self.pending_tokens)
             return tokens
         cv = self.constrained_verify
@@ -368,7 +389,13 @@ class ModelRunner:
                 self.params, self.kv_caches, self.draft, inp, self.pending_tokens, out.seqs, order
             )
             return tokens
-        return self.run_input(inp, verify)
+        return self.run_input(inp, verify, stream_meta)
+
+    def fetch_row(self, handle: StepHandle) -> np.ndarray | None:
+        """The tokens of the next step of a dispatched block whose rows stream (`handle.stream_base`), in out.seqs
+        order, once the device has run that step (the wait counts in `handle.row_wait_s`); None if the block does
+        not stream (anymore: a row that did not arrive ends its streaming, and `fetch` reads the rest)."""
+        return None if handle.stream_base is None else self.token_stream.next_row(handle)
 
     def fetch(self, handle: StepHandle) -> np.ndarray:
         """Wait for a dispatched step; returns one sampled token per scheduled sequence, in out.seqs order (ignored
@@ -390,7 +417,7 @@ class ModelRunner:
         handle.wait_s = time.perf_counter() - t0
         if handle.extras is not None:
             self.extras.receive(handle.extras, host_tokens)
-        if self.speculative_blocks is not None and self.speculative_blocks.runs(handle.out):
+        if self._speculative(handle.out):
             return self.speculative_blocks.results(handle.out, handle.order, host_tokens)
         if handle.verified:
             return verified_tokens(handle.out.seqs, handle.order, host_tokens)

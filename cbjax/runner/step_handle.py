@@ -25,3 +25,9 @@ class StepHandle:
     verified: bool = False
     inp: FlatStepInput | None = None  # the packed input the step ran (None: a swap-only step)
     extras: object = None  # the sampling extras' outputs still on the device (extras_runner.ExtrasHandle)
+    # A block whose rows stream (token_stream.py): its first position, the rows taken by `fetch_row` so far (fetch
+    # returns the rest), the seconds those waited for the device, and the engine's host seconds taking them.
+    stream_base: int | None = None
+    rows_received: int = 0
+    row_wait_s: float = 0.0
+    row_host_s: float = 0.0

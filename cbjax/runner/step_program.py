@@ -28,6 +28,7 @@ from cbjax.runner.speculation.verification import head_and_verify
         "speculation",
         "draft_graphdef",
         "decode_steps",
+        "stream_target",
     ),
     donate_argnames=("kv_caches", "draft_kv"),
 )
@@ -40,6 +41,7 @@ def step_program(
     prev_tokens,
     draft_params=None,
     draft_kv=None,
+    stream_meta=None,
     *,
     layout: InputLayout,
     graphdef,
@@ -49,6 +51,7 @@ def step_program(
     speculation=None,
     draft_graphdef=None,
     decode_steps: int = 1,
+    stream_target: str | None = None,
 ):
     """params: the model state's leaves; graphdef: interned (GraphDef, state treedef); (ints, floats, verify_rows):
     the step's input as `layout` flattened it (flat_input.py); prev_tokens: the previous step's sampled tokens
@@ -57,7 +60,8 @@ def step_program(
     pending tokens of the next step. With a draft model too (`draft_graphdef`, its params and KV): the drafts are
     proposed here first (draft_proposals.py) and the draft's KV comes back as a third output. With
     `decode_steps` > 1: a block of that many decode steps (decode_loop.py); its tokens are
-    ([decode_steps, max_num_seqs], the last step's [max_num_seqs]).
+    ([decode_steps, max_num_seqs], the last step's [max_num_seqs]); with `stream_target` (token_stream.py) each
+    step's are also written to the host as it ends, where `stream_meta` [5] int32 says (its zeros: not).
     A plain step (neither) returns (tokens, sample_hidden, kv): sample_hidden [S, D] holds the final hidden state
     of each slot's last token, which the sampling extras (sampling_extras.py) turn into the logits of the rows that
     ask for logprobs, penalties or masks, in a program of their own (the plain step pays one small output)."""
@@ -69,7 +73,10 @@ def step_program(
     draft_probs = None if probs is None else functools.partial(row_draft_probs, inp, probs)
     if decode_steps > 1:
         run = lambda ids, positions, kv, md: model(ids, positions, kv, md, backend, interpret, mesh)
-        rows, last, kv_caches = decode_block(model, kv_caches, inp, token_ids, decode_steps, prev_tokens.shape[0], run)
+        stream = None if stream_target is None else (stream_target, stream_meta)
+        rows, last, kv_caches = decode_block(
+            model, kv_caches, inp, token_ids, decode_steps, prev_tokens.shape[0], run, stream
+        )
         tokens = (rows, last)  # (a slot with fewer steps has its final token pending: nothing reads its `last`)
         if mesh is not None:
             tokens = jax.lax.with_sharding_constraint(tokens, NamedSharding(mesh, PartitionSpec()))

@@ -22,10 +22,11 @@ the suite tests them on this machine), "checked" makes an out-of-range page id o
 instead of a clamp (attention_ffi.cc), "any-arch" builds on a machine that is not x86-64 (where the kernels are
 neither tested nor measured, so by default they are not built there).
 
-The library holds the attention (`attention_target()`) and the packed-weight matmul of gemm.py (`gemm_target()`):
+The library holds the attention (`attention_target()`), the packed-weight matmul of gemm.py (`gemm_target()`), the
+KV row write (`kv_write_target()`) and the per-step token stream of a block of decode steps (`token_stream()`):
 one build and one cache key for all of the CPU kernels; `features()` says what the loaded build was compiled with.
 
-Both are None when the library cannot be used here (`unavailable_reason()` says why, in one line: not x86-64, a
+Each is None when the library cannot be used here (`unavailable_reason()` says why, in one line: not x86-64, a
 source missing from the install, no compiler, or the compiler's first error lines); callers fall back to the XLA
 path then, never crash. Importing this module does no work beyond registering an already-built library, which a
 step program loaded from disk needs.
@@ -60,6 +61,7 @@ SOURCE_NAMES = (
     "gemm.cc",
     "kv_write.cc",
     "prefill_attention.cc",
+    "token_stream.cc",
     "work_queue.h",
 )
 SOURCES = tuple(_HERE / name for name in SOURCE_NAMES)
@@ -81,6 +83,7 @@ _HANDLER_SYMBOLS = {
     "gemm_bf16_target": ("CbjaxCpuPackedGemmBf16", "cbjax_cpu_gemm_bf16"),
     "gemm_argmax_bf16_target": ("CbjaxCpuPackedGemmArgmaxBf16", "cbjax_cpu_gemm_argmax_bf16"),
     "kv_write_target": ("CbjaxCpuWriteKvRows", "cbjax_cpu_kv_write"),
+    "token_stream_target": ("CbjaxCpuStreamTokens", "cbjax_cpu_token_stream"),
 }
 _lock = threading.Lock()
 _state: dict = {}  # "lib", "target" and _HANDLER_SYMBOLS' keys once registered; "error" once failed
@@ -362,6 +365,19 @@ def kv_write_target() -> str | None:
     if _ensure(build=True) is None:
         return None
     return _state.get("kv_write_target")
+
+
+def token_stream() -> tuple[str, object] | None:
+    """(the registered FFI target of the per-step token stream of a block of decode steps, the library's
+    `CbjaxStreamTake` as a ctypes function: token_stream.cc, cbjax/runner/token_stream.py), building the library
+    first if needed; None if it is unavailable (see `unavailable_reason`)."""
+    if _ensure(build=True) is None:
+        return None
+    take = _state["lib"].CbjaxStreamTake
+    take.restype = ctypes.c_int
+    take.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_void_p,
+                     ctypes.c_uint32, ctypes.c_int64]  # fmt: skip
+    return _state["token_stream_target"], take
 
 
 @contextlib.contextmanager

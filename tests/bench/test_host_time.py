@@ -51,7 +51,7 @@ def test_stream_run_refuses_deltas_that_do_not_add_up(engine, monkeypatch):
 def test_rounds_of_variants_merge_into_one_data_file(tmp_path, monkeypatch):
     def fake_variant(name, extra, before, path):
         """A throughput process's data file: 2 repeats; streaming one step is slower than blocks."""
-        busy = {"stream, 1 step": 0.08, "finished only, 1 step": 0.07, "blocks (LLM)": 0.03}[name]
+        busy = {"stream, 1 step": 0.08, "finished only, 1 step": 0.07, "blocks (LLM)": 0.03}.get(name, 0.04)
         runs = [{"repeat": k, "output_throughput": 4000.0 / (1 + busy), "host_busy_share": busy} for k in (1, 2)]
         return {"result": {"flags": extra}, "commit": "c0ffee", "dirty": True, "runs": runs}
 
@@ -70,7 +70,7 @@ def test_rounds_of_variants_merge_into_one_data_file(tmp_path, monkeypatch):
         ("stream, 1 step", 1, 12),
         ("finished only, 1 step", 1, 11),
     ]
-    assert len(data["runs"]) == 12 and "--rounds 2 --repeats 2" in data["command"]
+    assert len(data["runs"]) == 16 and "--rounds 2 --repeats 2" in data["command"]
     assert data["results"]["stream, 1 step #2"]["flags"] == ["--stream", "--num_scheduler_steps", "1"]
     table = VIEWS["medians"](
         data,

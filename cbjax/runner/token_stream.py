@@ -1,0 +1,104 @@
+"""TokenStream: each step of a block of decode steps hands its tokens to the host as it ends, so that a streaming
+engine returns one token per request per step() although the device runs the block in one dispatch.
+
+Why: a block of N steps (core/multi_step.py, runner/decode_loop.py) pays the host's schedule, pack and launch once
+per N steps; at 64 streaming sequences of llama-tiny that work was ~1.1 ms of each ~14 ms step on 2 cores, and the
+program call alone ~0.3 ms of it (jax's dispatch, measured with the device idle). But a block's tokens used to
+reach the host together at its end: N tokens at once for a streaming client. Here the device loop writes each
+step's row into a ring in host memory (kernels_pallas/cpu/token_stream.cc: a memcpy and a futex wake), and the
+engine takes the rows one per step() (LLMEngine._step), waiting with the GIL released.
+
+CPU only (the ring is host memory the device's loop writes directly): None from `TokenStream.create` elsewhere, on a
+mesh, or without the CPU kernel library; blocks then deliver their rows at their end as before. What it does not
+change: a request that arrives during a block still waits for the block's end to be admitted.
+"""
+
+import ctypes
+import itertools
+import time
+import weakref
+
+import numpy as np
+
+_positions = itertools.count()  # one counter for every stream of the process (see TokenStream.reserve)
+_FREE_RINGS: dict[tuple[int, int], list[np.ndarray]] = {}  # (cap, width): rings of dropped streams
+TAKE_TIMEOUT_US = 20_000  # one wait's slice: between slices the caller checks that the block is still running
+
+
+class TokenStream:
+    """A ring of `cap` rows of `width` int32 tokens in host memory (token_stream.cc says its layout), written by the
+    block programs' loops, read by `take`."""
+
+    def __init__(self, target: str, take, width: int, cap: int):
+        self.target, self.width, self.cap = target, width, cap
+        self._take = take
+        # A ring is never freed: a block still running when its stream is dropped may write into it (so a dropped
+        # stream's ring goes back to a pool for the next stream of its size: positions are unique, so a late write
+        # there is never a row that stream waits for).
+        free = _FREE_RINGS.setdefault((cap, width), [])
+        self.ring = free.pop() if free else np.zeros(cap + cap * width, np.int32)
+        weakref.finalize(self, free.append, self.ring)
+        addr = self.ring.ctypes.data
+        self._addr = ctypes.c_void_p(addr)
+        self._meta_head = (np.int32(np.uint32(addr & 0xFFFFFFFF)), np.int32(np.uint32(addr >> 32)))
+        self._row = np.zeros(width, np.int32)
+        self._row_addr = ctypes.c_void_p(self._row.ctypes.data)
+
+    @classmethod
+    def create(cls, width: int, block_steps: int) -> "TokenStream | None":
+        """A stream for blocks of up to `block_steps` steps of `width` tokens, or None where it cannot run (not the
+        CPU backend, or no CPU kernel library)."""
+        import jax
+
+        from kernels_pallas.cpu import library
+
+        if jax.default_backend() != "cpu":
+            return None
+        found = library.token_stream()
+        if found is None:
+            return None
+        # Rows in flight: the block being read and the one dispatched after it (the engine dispatches the next
+        # block only once it has taken every row but the last of this one); 4 blocks of room.
+        return cls(*found, width, 4 * block_steps)
+
+    @staticmethod
+    def off_meta() -> np.ndarray:
+        """The meta of a block that does not stream (the loop's calls do nothing)."""
+        return np.zeros(5, np.int32)
+
+    def reserve(self, num_steps: int) -> tuple[int, np.ndarray]:
+        """Positions for a block of `num_steps` steps: (its base, the meta its program takes). Positions are
+        unique in the process (mod 2^32), so a row a dropped runner's block writes late is never one a reader
+        waits for."""
+        base = next(_positions)
+        for _ in range(num_steps - 1):
+            next(_positions)
+        base %= 1 << 32
+        meta = np.array([*self._meta_head, np.uint32(base).view(np.int32), self.cap, self.width], np.int32)
+        return base, meta
+
+    def next_row(self, handle) -> np.ndarray | None:
+        """ModelRunner.fetch_row for the block of `handle` (a runner StepHandle with a `stream_base`)."""
+        t0, j, n = time.perf_counter(), handle.rows_received, len(handle.order)
+        row = self.take(handle.stream_base + j, n, handle.tokens.is_ready)
+        handle.row_wait_s += time.perf_counter() - t0
+        if row is None:
+            handle.stream_base = None
+            return None
+        handle.rows_received = j + 1
+        result = np.empty(n, np.int32)
+        result[handle.order] = row
+        return result
+
+    def take(self, pos: int, n: int, done) -> np.ndarray | None:
+        """The first `n` tokens of position `pos` once its step has run (a view, valid until the next take), or
+        None when `done()` says the block ended without it (a failed program) or the row was lost."""
+        take, ring, row = self._take, self._addr, self._row_addr
+        pos %= 1 << 32
+        while True:
+            got = take(ring, self.cap, self.width, pos, row, n, TAKE_TIMEOUT_US)
+            if got == 1:
+                return self._row[:n]
+            if got < 0 or done():
+                got = take(ring, self.cap, self.width, pos, row, n, 0)  # (written just before the block ended)
+                return self._row[:n] if got == 1 else None

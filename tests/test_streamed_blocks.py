@@ -1,0 +1,179 @@
+"""Blocks of decode steps whose rows stream (cbjax/runner/token_stream.py): a streaming LLMEngine with
+num_scheduler_steps > 1 returns one token per request per step() while the device runs each block in one dispatch.
+The tokens equal the full-forward reference and single steps' (greedy, seeded sampling, stop tokens, max_tokens
+and aborts inside a block, a request arriving during one), nothing compiles after warmup, no page leaks, and a row
+that does not arrive makes the rest of its block come at the block's end, nothing lost."""
+
+import jax
+import numpy as np
+import pytest
+
+from cbjax import LLMEngine, SamplingParams
+from cbjax.model import get_model_config, init_model
+from cbjax.runner.token_stream import TokenStream
+from tests.helpers import greedy_reference, random_workload
+
+MAX_MODEL_LEN = 256
+OPTS = dict(max_num_seqs=8, max_num_batched_tokens=64, page_size=16, max_model_len=MAX_MODEL_LEN, num_pages=160)
+
+pytestmark = pytest.mark.skipif(
+    TokenStream.create(8, 4) is None, reason="no CPU kernel library here: blocks do not stream their rows"
+)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return init_model(get_model_config("test-tiny"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def engine(model):
+    engine = LLMEngine(model, num_scheduler_steps=4, **OPTS)
+    engine.wait_until_warm()
+    return engine
+
+
+def stream(engine, requests: dict, on_step=None) -> tuple[dict, dict, list[int]]:
+    """Add `requests` (id -> (prompt, params)) and step until done, reading every delta. Returns (deltas joined,
+    final outputs, the largest delta of each step() call); `on_step(i)` runs before the i-th call."""
+    for rid, (prompt, params) in requests.items():
+        engine.add_request(rid, prompt, params)
+    deltas, final, sizes, i = {}, {}, [], 0
+    while engine.has_unfinished_requests():
+        if on_step is not None:
+            on_step(i)
+        outs = engine.step()
+        i += 1
+        sizes.append(max((len(o.outputs[0].new_token_ids) for o in outs), default=0))
+        for o in outs:
+            deltas.setdefault(o.request_id, []).extend(o.outputs[0].new_token_ids)
+            if o.finished:
+                final[o.request_id] = o
+    return deltas, final, sizes
+
+
+def check_clean(engine, compiles: int) -> None:
+    assert engine.num_compiles == compiles, "compiled after warmup"
+    pool = engine.scheduler.pool
+    assert pool.num_free == pool.num_pages, "page leak"
+
+
+def test_streamed_rows_give_the_reference_tokens_one_per_step(model, engine):
+    prompts, params = random_workload(8, seed=11, vocab=model.cfg.vocab_size, prompt_range=(1, 90))
+    ref = greedy_reference(model, prompts, [p.max_tokens for p in params], width=MAX_MODEL_LEN)
+    compiles, first = engine.num_compiles, len(engine.step_records)
+    deltas, final, sizes = stream(engine, {f"g{i}": (p, q) for i, (p, q) in enumerate(zip(prompts, params))})
+    check_clean(engine, compiles)
+    got = [final[f"g{i}"].outputs[0].token_ids for i in range(8)]
+    assert [i for i, (g, r) in enumerate(zip(got, ref)) if g != r] == []
+    assert all(deltas[f"g{i}"] == got[i] for i in range(8))
+    records = engine.step_records[first:]
+    assert any(r["decode_steps"] > 1 for r in records), "no block of decode steps ran"
+    assert max(sizes) == 1, "a block's tokens came together"
+    # Every token was received once: a block's record holds all of its rows' waits and host time.
+    assert all(r["device_s"] >= 0 and r["host_s"] >= 0 for r in records)
+
+
+def test_sampled_stopped_aborted_and_arriving_requests_match_single_steps(model, engine):
+    """Seeded sampling draws from (seed, output index) alone; a stop token or max_tokens inside a block ends the
+    request there; an abort inside a block ends it at once; a request added during a block joins after it."""
+    prompts, _ = random_workload(6, seed=12, vocab=model.cfg.vocab_size, prompt_range=(4, 40))
+    late_prompt = random_workload(1, seed=13, vocab=model.cfg.vocab_size, prompt_range=(4, 40))[0][0]
+    sampling = lambda i, n=37, **kw: SamplingParams(
+        max_tokens=n, temperature=0.8, top_k=40, seed=200 + i, ignore_eos=True, **kw
+    )
+    requests = {f"s{i}": (p, sampling(i, n=21 + 3 * i)) for i, p in enumerate(prompts)}
+    requests["late"] = (late_prompt, sampling(9))
+    single = LLMEngine(model, **OPTS)
+    _, want, _ = stream(single, requests)
+    want = {rid: o.outputs[0].token_ids for rid, o in want.items()}
+    # Stop s1 at its 10th token's value, s2 at its 7th (inside a block of 4, after the prefill's token).
+    requests["s1"] = (prompts[1], sampling(1, n=24, stop_token_ids=[want["s1"][9]]))
+    requests["s2"] = (prompts[2], sampling(2, n=27, stop_token_ids=[want["s2"][6]]))
+    late = requests.pop("late")
+
+    def on_step(i):
+        if i == 6:
+            engine.add_request("late", *late)
+        if i == 9:
+            engine.abort_request("s4")
+
+    compiles = engine.num_compiles
+    deltas, final, sizes = stream(engine, requests, on_step)
+    check_clean(engine, compiles)
+    got = {rid: o.outputs[0].token_ids for rid, o in final.items()}
+    for rid in ("s0", "s3", "s5", "late"):
+        assert got[rid] == want[rid], rid
+    for rid, k in (("s1", 9), ("s2", 6)):
+        assert got[rid] == want[rid][: want[rid].index(want[rid][k]) + 1], rid
+        assert final[rid].outputs[0].finish_reason == "stop"
+    assert final["s4"].outputs[0].finish_reason == "abort"
+    assert got["s4"] == want["s4"][: len(got["s4"])] and 0 < len(got["s4"]) < len(want["s4"])
+    assert all(deltas[rid] == got[rid] for rid in got)
+    assert max(sizes) == 1
+
+
+def test_a_row_that_does_not_arrive_brings_the_rest_of_its_block_at_its_end(model, engine, monkeypatch):
+    prompts, params = random_workload(4, seed=14, vocab=model.cfg.vocab_size, prompt_range=(4, 30))
+    ref = greedy_reference(model, prompts, [p.max_tokens for p in params], width=MAX_MODEL_LEN)
+    stream_ = engine.runner.token_stream
+    take, calls = stream_.take, []
+
+    def flaky_take(pos, n, done):
+        calls.append(pos)
+        return None if len(calls) % 5 == 3 else take(pos, n, done)
+
+    monkeypatch.setattr(stream_, "take", flaky_take)
+    compiles = engine.num_compiles
+    deltas, final, sizes = stream(engine, {f"f{i}": (p, q) for i, (p, q) in enumerate(zip(prompts, params))})
+    check_clean(engine, compiles)
+    assert len(calls) >= 5
+    got = [final[f"f{i}"].outputs[0].token_ids for i in range(4)]
+    assert got == ref
+    assert all(deltas[f"f{i}"] == got[i] for i in range(4))
+    assert max(sizes) > 1  # a lost row's block came together at its end
+
+
+def test_the_ring_hands_over_each_position_once_and_reports_a_lost_one():
+    ts = TokenStream.create(8, 2)
+    assert ts is not None and ts.cap == 8
+    write = jax.jit(lambda meta, i, row: jax.ffi.ffi_call(ts.target, jax.ShapeDtypeStruct(row.shape, row.dtype))(
+        meta, i, row))  # fmt: skip
+    row = np.arange(8, dtype=np.int32) * 3
+    base, meta = ts.reserve(3)
+    assert np.array_equal(write(meta, np.int32(1), row), row)  # the row passes through
+    assert np.array_equal(ts.take(base + 1, 5, lambda: True), row[:5])
+    assert ts.take(base, 5, lambda: True) is None  # never written (the block ended without it)
+    # Off: the call only passes the row through.
+    assert np.array_equal(write(TokenStream.off_meta(), np.int32(0), row + 1), row + 1)
+    assert ts.take(base, 5, lambda: True) is None
+    # A later position in the same slot: the earlier one is lost, not returned.
+    later, meta2 = ts.reserve(ts.cap + 2)
+    write(meta2, np.int32(base + 1 + ts.cap - later), row + 7)
+    assert ts.take(base + 1, 8, lambda: True) is None
+    assert np.array_equal(ts.take(base + 1 + ts.cap, 8, lambda: True), row + 7)
+
+
+def test_rows_a_stop_wastes_are_counted_as_when_the_block_comes_at_once(model, engine):
+    """A stop token at row j of a block leaves the rest of the sequence's rows computed for nothing: the step records
+    count the same `block_wasted_tokens` whether the rows streamed or came at the block's end."""
+    prompts, params = random_workload(6, seed=15, vocab=model.cfg.vocab_size, prompt_range=(4, 30))
+    params = [SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True) for _ in params]
+    ref = greedy_reference(model, prompts, [30] * 6, width=MAX_MODEL_LEN)
+    stops = [SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True, stop_token_ids=[r[5 + i]])
+             for i, r in enumerate(ref)]  # fmt: skip
+    wasted, tokens = [], []
+    for streaming in (True, False):
+        engine.stream_outputs = streaming
+        first = len(engine.step_records)
+        try:
+            requests = {f"w{streaming}{i}": (p, q) for i, (p, q) in enumerate(zip(prompts, stops))}
+            _, final, sizes = stream(engine, requests)
+        finally:
+            engine.stream_outputs = True
+        if streaming:
+            assert max(sizes) == 1
+        wasted.append(sum(r["block_wasted_tokens"] for r in engine.step_records[first:]))
+        tokens.append([final[f"w{streaming}{i}"].outputs[0].token_ids for i in range(6)])
+    assert tokens[0] == tokens[1] == [r[: r.index(r[5 + i]) + 1] for i, r in enumerate(ref)]
+    assert wasted[0] == wasted[1] > 0

@@ -177,3 +177,18 @@ def test_rows_a_stop_wastes_are_counted_as_when_the_block_comes_at_once(model, e
         tokens.append([final[f"w{streaming}{i}"].outputs[0].token_ids for i in range(6)])
     assert tokens[0] == tokens[1] == [r[: r.index(r[5 + i]) + 1] for i, r in enumerate(ref)]
     assert wasted[0] == wasted[1] > 0
+
+
+def test_rows_that_take_longer_than_a_wait_slice_still_arrive_one_per_step(model, engine, monkeypatch):
+    """A step slower than one wait of the ring (TAKE_TIMEOUT_US, 1 us here) is waited for in slices, the block's
+    program checked between them (a bigger model's steps outlast the default 20 ms slice)."""
+    from cbjax.runner import token_stream
+
+    monkeypatch.setattr(token_stream, "TAKE_TIMEOUT_US", 1)
+    prompts, params = random_workload(3, seed=16, vocab=model.cfg.vocab_size, prompt_range=(4, 30))
+    ref = greedy_reference(model, prompts, [p.max_tokens for p in params], width=MAX_MODEL_LEN)
+    compiles = engine.num_compiles
+    deltas, final, sizes = stream(engine, {f"t{i}": (p, q) for i, (p, q) in enumerate(zip(prompts, params))})
+    check_clean(engine, compiles)
+    assert [final[f"t{i}"].outputs[0].token_ids for i in range(3)] == ref
+    assert all(deltas[f"t{i}"] == ref[i] for i in range(3)) and max(sizes) == 1

@@ -251,8 +251,10 @@ class LLMEngine:
     # ---- the step ---------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule a step and start it on the device, then receive the results of the step before
-        it, which ran meanwhile (asynchronous scheduling; with async_scheduling=False, of this same step). Returns an
-        output for each request that got a token or finished (its `new_token_ids` is the stream delta)."""
+        it, which ran meanwhile (asynchronous scheduling; with async_scheduling=False, of this same step). While a
+        block of decode steps streams its rows (runner/token_stream.py), a call instead receives the block's next
+        step. Returns an output for each request that got a token or finished (its `new_token_ids` is the stream
+        delta)."""
         if self.timed is None:
             return self._step()
         with self.timed("step"):

@@ -10,6 +10,8 @@ from flax import nnx
 from cbjax import SamplingParams
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
+# A small engine's options for the test-tiny model: 4 slots, 32-token steps, 48 pages of 8 tokens, 96-token contexts.
+SMALL_ENGINE = dict(max_num_seqs=4, max_num_batched_tokens=32, page_size=8, num_pages=48, max_model_len=96)
 
 
 def random_workload(n: int, seed: int, vocab: int, prompt_range=(1, 300), max_tokens_range=(1, 64)):

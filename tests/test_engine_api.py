@@ -5,7 +5,7 @@ import pytest
 
 from cbjax import LLM, LLMEngine, SamplingParams
 from cbjax.model import get_model_config, init_model
-from tests.helpers import drain
+from tests.helpers import SMALL_ENGINE, drain
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -13,7 +13,7 @@ GREEDY = dict(temperature=0.0, ignore_eos=True)
 @pytest.fixture(scope="module")
 def engine():
     model = init_model(get_model_config("test-tiny"), seed=0)
-    return LLMEngine(model, max_num_seqs=4, max_num_batched_tokens=32, page_size=8, num_pages=48, max_model_len=96)
+    return LLMEngine(model, **SMALL_ENGINE)
 
 
 BAD_INPUTS = [

@@ -8,6 +8,7 @@ import pytest
 from cbjax import LLMEngine, SamplingParams
 from cbjax.core.outputs import ReceivedOutput, RequestOutput
 from cbjax.model import get_model_config, init_model
+from tests.helpers import SMALL_ENGINE
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -15,7 +16,7 @@ GREEDY = dict(temperature=0.0, ignore_eos=True)
 @pytest.fixture(scope="module")
 def engine():
     model = init_model(get_model_config("test-tiny"), seed=0)
-    return LLMEngine(model, max_num_seqs=4, max_num_batched_tokens=32, page_size=8, num_pages=48, max_model_len=96)
+    return LLMEngine(model, **SMALL_ENGINE)
 
 
 def test_deltas_read_late_equal_the_completions_read_late(engine):

@@ -6,6 +6,7 @@ import pytest
 from cbjax import LLMEngine, SamplingParams
 from cbjax.core.outputs import CompletionOutput
 from cbjax.model import get_model_config, init_model
+from tests.helpers import SMALL_ENGINE
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -35,9 +36,7 @@ def _stream_unread(engine: LLMEngine, n: int, abort_after: int | None = None) ->
     ids=["async", "sync", "blocks"],
 )
 def test_outputs_read_late_hold_what_their_step_received(model, options):
-    engine = LLMEngine(
-        model, max_num_seqs=4, max_num_batched_tokens=32, page_size=8, num_pages=48, max_model_len=96, **options
-    )
+    engine = LLMEngine(model, **SMALL_ENGINE, **options)
     kept = _stream_unread(engine, 3, abort_after=4)
     final = {o.request_id: o.outputs[0].token_ids for o in kept if o.finished}
     assert set(final) == {"v0", "v1", "v2"} and final["v2"] != [] and len(final["v1"]) == 9

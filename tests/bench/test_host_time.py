@@ -10,6 +10,7 @@ from cbjax.bench.doc_data import read_doc_data
 from cbjax.model import get_model_config, init_model
 from experiments import host_time, throughput
 from experiments.doc_views import VIEWS
+from tests.helpers import SMALL_ENGINE
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -17,7 +18,7 @@ GREEDY = dict(temperature=0.0, ignore_eos=True)
 @pytest.fixture(scope="module")
 def engine():
     model = init_model(get_model_config("test-tiny"), seed=0)
-    return LLMEngine(model, max_num_seqs=4, max_num_batched_tokens=32, page_size=8, num_pages=48, max_model_len=96)
+    return LLMEngine(model, **SMALL_ENGINE)
 
 
 def test_stream_run_gives_the_outputs_of_generate_in_prompt_order(engine):

@@ -8,6 +8,7 @@ from cbjax import LLM, LLMEngine, SamplingParams
 from cbjax.model import get_model_config, init_model
 from cbjax.serve.engine_loop import EngineLoop
 from cbjax.serve.metrics import ServerMetrics
+from tests.helpers import SMALL_ENGINE
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 PROMPTS = [[5 + i] * (3 + 4 * i) for i in range(4)]
@@ -15,9 +16,9 @@ PROMPTS = [[5 + i] * (3 + 4 * i) for i in range(4)]
 
 def test_a_steps_token_events_arrive_in_one_call_per_event_loop():
     model = init_model(get_model_config("test-tiny"), seed=0)
-    options = dict(max_num_seqs=4, max_num_batched_tokens=32, page_size=8, num_pages=48, max_model_len=96)
-    engine = LLMEngine(model, **options)
-    expected = [o.outputs[0].token_ids for o in LLM(model, **options).generate(PROMPTS, SamplingParams(6, **GREEDY))]
+    engine = LLMEngine(model, **SMALL_ENGINE)
+    reference = LLM(model, **SMALL_ENGINE).generate(PROMPTS, SamplingParams(6, **GREEDY))
+    expected = [o.outputs[0].token_ids for o in reference]
     gate, step = threading.Event(), engine.step
     engine.step = lambda: (gate.wait(), step())[1]  # the first step waits until every request is submitted
     loop = EngineLoop(engine, ServerMetrics("test"))

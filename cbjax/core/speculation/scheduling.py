@@ -38,28 +38,37 @@ def receive_verified(
     """A speculating sequence's step result: its accepted drafts, then one sampled token (the correction of the
     first rejected draft, or the bonus token after all of them). Each accepted draft's KV was computed in the step,
     so the computed tokens advance with it; the rejected drafts' positions stay uncomputed (their KV slots are
-    overwritten later, never read). Stop conditions apply in order: tokens after a stop are dropped. Returns how
-    many tokens the request kept. (The engine receives a speculating step before it schedules the next, so the
-    request is still running here with no other pending token.)"""
+    overwritten later, never read). Returns how many tokens the request kept (`receive_tokens`). (The engine
+    receives a speculating step before it schedules the next, so the request is still running here with no other
+    pending token.)"""
     sched.speculator.record(len(seq.draft_token_ids), len(tokens) - 1)
+    kept = receive_tokens(sched, req, tokens, eos_token_id, now)
+    if sched.pool.enable_caching and req.status is RequestStatus.RUNNING:
+        sched.register_full_pages(req)
+    return kept
+
+
+def receive_tokens(sched, req: Request, tokens: Sequence[int], eos_token_id: int | None, now: float) -> int:
+    """Verified tokens of a running request, in order: the first is its pending output's value, each later one is
+    appended with the token before it counted as computed (an accepted draft, whose KV the device wrote). Stop
+    conditions apply in order: a stop finishes the request and drops the tokens after it. Returns how many tokens
+    the request kept (a verify step's, or a speculative block's, core/speculation/speculative_blocks.py)."""
     m = req.metrics
     if m.first_token_time is None:
         m.first_token_time = now
-    i = -1
+    i, max_len = -1, sched.config.max_model_len
     for j, token in enumerate(tokens):
         if j == 0:
             i = req.receive_token(int(token))
         else:
             req.append_token(int(token))
-            req.num_computed_tokens += 1  # the token before this one was an accepted draft: its KV is in place
+            req.num_computed_tokens += 1
             i += 1
         m.token_times.append(now)
-        reason = req.stop_reason(i, eos_token_id, sched.config.max_model_len)
+        reason = req.stop_reason(i, eos_token_id, max_len)
         if reason is not None:
             req.drop_outputs_after(i)
-            sched.running.remove(req)
+            sched.unqueue(req)
             sched.finish(req, reason, now)
             return j + 1
-    if sched.pool.enable_caching:
-        sched.register_full_pages(req)
     return len(tokens)

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from cbjax.core.request import RequestStatus
 from cbjax.core.scheduler_config import pages_for
 from cbjax.core.scheduler_output import SchedulerOutput
+from cbjax.core.speculation.scheduling import receive_tokens
 
 _FINISHED, _RUNNING = RequestStatus.FINISHED, RequestStatus.RUNNING
 
@@ -107,7 +108,7 @@ def receive_speculative_block(sched, out: SchedulerOutput, results: Sequence, eo
     """`results[i]`: (tokens, drafted per iteration, accepted per iteration) of out.seqs[i]. Returns the requests
     that got a token, once per token (as Scheduler.update)."""
     changed = []
-    spec, G, max_len = sched.speculator, sched.cache.page_size, sched.config.max_model_len
+    spec, G = sched.speculator, sched.cache.page_size
     for seq, (tokens, drafted, accepted) in zip(out.seqs, results):
         req = seq.request
         for d, a in zip(drafted, accepted):
@@ -115,28 +116,10 @@ def receive_speculative_block(sched, out: SchedulerOutput, results: Sequence, eo
                 spec.record(d, a)
         if req.status is _FINISHED or not tokens:
             continue  # aborted while the block ran
-        m = req.metrics
-        if m.first_token_time is None:
-            m.first_token_time = now
-        stopped = False
-        for j, token in enumerate(tokens):
-            if j == 0:
-                i = req.receive_token(int(token))
-            else:
-                req.append_token(int(token))
-                req.num_computed_tokens += 1  # the token before this one had its K/V computed in the block
-                i += 1
-            m.token_times.append(now)
-            changed.append(req)
-            reason = req.stop_reason(i, eos_token_id, max_len)
-            if reason is not None:
-                out.num_wasted_tokens += len(tokens) - 1 - j
-                req.drop_outputs_after(i)
-                sched.unqueue(req)
-                sched.finish(req, reason, now)
-                stopped = True
-                break
-        if stopped:
+        kept = receive_tokens(sched, req, tokens, eos_token_id, now)  # (each token's K/V computed in the block)
+        changed += [req] * kept
+        if req.status is _FINISHED:  # stopped: the block's tokens after the stop were computed for nothing
+            out.num_wasted_tokens += len(tokens) - kept
             continue
         keep = pages_for(req.num_tokens, G) - req.num_dropped_pages  # the next decode writes its last token's K/V
         if len(req.pages) > keep:

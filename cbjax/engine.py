@@ -35,7 +35,7 @@ from cbjax.structured import request_constraint
 
 # Read per token: an enum member read off its class costs ~0.1 us on Python 3.11, a global ~0.01 us.
 _FINISHED = RequestStatus.FINISHED
-# The step records' counter fields (LLMEngine._counters), the host cache tier's last (zero without one).
+# The scheduler's cumulative counters a step record holds its share of, the host cache tier's last (zero without one).
 _COUNTER_NAMES = ("num_preemptions", "recomputed_tokens", "prefix_queried_tokens", "prefix_hit_tokens")
 _COUNTER_NAMES += tuple(host_cache_counters(None))
 _NO_HOST_CACHE = tuple(host_cache_counters(None).values())

@@ -98,6 +98,7 @@ class ModelRunner:
         self.token_stream = None  # each block step's tokens to the host as it ends (CPU, one device: token_stream.py)
         if num_scheduler_steps > 1 and self.mesh is None and (self.device is None or self.device.platform == "cpu"):
             self.token_stream = TokenStream.create(buckets.max_num_seqs, num_scheduler_steps)
+        self._stream_target = None if self.token_stream is None else self.token_stream.target  # (block programs')
         self.stream_rows = False  # the engine's switch: whether the next blocks stream their rows
         self.programs, self.verify_programs, self.block_programs = self._families(num_scheduler_steps)
         self.swap_out_bytes_total = 0
@@ -205,7 +206,7 @@ class ModelRunner:
             b.pages_per_seq,
             b.max_num_seqs,
             steps,
-            self.token_stream.target if steps > 1 and self.token_stream is not None else None,
+            self._stream_target if steps > 1 else None,
             self.speculation if verify else None,
             self.draft.key() if verify and self.draft is not None else None,
         )
@@ -251,7 +252,7 @@ class ModelRunner:
             speculation=self.speculation if verify else None,
             draft_graphdef=self.draft.graphdef if drafting else None,
             decode_steps=steps,
-            stream_target=self.token_stream.target if steps > 1 and self.token_stream is not None else None,
+            stream_target=self._stream_target if steps > 1 else None,
         )
         fresh = CompileCounter()
         with fresh.counting():

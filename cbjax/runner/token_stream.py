@@ -6,7 +6,7 @@ per N steps; at 64 streaming sequences of llama-tiny that work was ~1.1 ms of ea
 program call alone ~0.3 ms of it (jax's dispatch, measured with the device idle). But a block's tokens used to
 reach the host together at its end: N tokens at once for a streaming client. Here the device loop writes each
 step's row into a ring in host memory (kernels_pallas/cpu/token_stream.cc: a memcpy and a futex wake), and the
-engine takes the rows one per step() (LLMEngine._step), waiting with the GIL released.
+engine takes the rows one per LLMEngine.step() call, waiting with the GIL released.
 
 CPU only (the ring is host memory the device's loop writes directly): None from `TokenStream.create` elsewhere, on a
 mesh, or without the CPU kernel library; blocks then deliver their rows at their end as before. What it does not

@@ -5,8 +5,8 @@ is disturbed), and records per-step statistics for the metrics.
 """
 
 import collections
+import contextlib
 import dataclasses
-import operator
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -16,7 +16,6 @@ import jax
 from cbjax.bad_words import bad_word_token_ids
 from cbjax.config import validation as check
 from cbjax.core.clock import Clock
-from cbjax.core.host_prefix_cache import host_cache_counters
 from cbjax.core.kv_handoff import admit_prefilled
 from cbjax.core.outputs import RequestOutput
 from cbjax.core.request import Request, RequestStatus
@@ -30,15 +29,14 @@ from cbjax.model.config import ModelConfig
 from cbjax.model.llama import Llama
 from cbjax.output_builder import OutputBuilder
 from cbjax.runner.extras_runner import check_request as check_sampling_extras
+from cbjax.step_record import counters_since, scheduler_counters, step_record
 from cbjax.stop_strings import StopStrings
+from cbjax.streamed_rows import StreamedRows
 from cbjax.structured import request_constraint
 
 # Read per token: an enum member read off its class costs ~0.1 us on Python 3.11, a global ~0.01 us.
 _FINISHED = RequestStatus.FINISHED
-# The scheduler's cumulative counters a step record holds its share of, the host cache tier's last (zero without one).
-_COUNTER_NAMES = ("num_preemptions", "recomputed_tokens", "prefix_queried_tokens", "prefix_hit_tokens")
-_COUNTER_NAMES += tuple(host_cache_counters(None))
-_NO_HOST_CACHE = tuple(host_cache_counters(None).values())
+_NOT_TIMED = contextlib.nullcontext()  # (the `timed` hooks' stand-in when no benchmark installed them)
 
 
 class LLMEngine:
@@ -89,6 +87,7 @@ class LLMEngine:
         self._in_flight: collections.deque = collections.deque()  # (StepHandle, its scheduler counters), oldest first
         self.num_steps = 0  # steps dispatched
         self._streaming = None  # the block in flight whose rows stream (runner/token_stream.py), rows left to take
+        self._rows: StreamedRows | None = None  # its rows handed out but not yet applied (streamed_rows.py)
         # Called after the model ran and before its tokens are stamped with the clock's time: a simulation moves
         # its virtual clock here, so a token's time is the end of the step that made it (cbjax.bench.online).
         self.after_execute: Callable[[], None] | None = None
@@ -231,6 +230,7 @@ class LLMEngine:
         req = self.requests.get(request_id) if isinstance(request_id, str) else None
         if req is None or all(r.is_finished for r in samples_of(req)):
             raise ValueError(f"abort of unknown request id {request_id!r}")
+        self._flush_rows()
         for sample in samples_of(req):
             if not sample.is_finished:
                 self.scheduler.abort(sample)
@@ -269,6 +269,7 @@ class LLMEngine:
                 if outputs is not None:
                     return outputs
             self._streaming = None
+            self._flush_rows()
         sched = self.scheduler
         changed: list[Request] = self._adopted  # (each counts as one token received: its first, made elsewhere)
         self._adopted = []
@@ -279,7 +280,7 @@ class LLMEngine:
             # A constraint's bitmask, a logits processor or a bad word of several tokens reads the outputs so far
             # on the host: receive them before packing the next step (async scheduling resumes once none runs).
             changed += self._receive(0, t0)
-        before = self._counters()
+        before = scheduler_counters(sched)
         if self.timed is None:
             out = sched.schedule()
         else:
@@ -292,7 +293,7 @@ class LLMEngine:
             handle = self.runner.dispatch(out)
             if out.num_steps > 1 and getattr(handle, "stream_base", None) is not None:
                 self._streaming = handle
-            self._in_flight.append((handle, dict(zip(_COUNTER_NAMES, map(operator.sub, self._counters(), before)))))
+            self._in_flight.append((handle, counters_since(sched, before)))
             self.num_steps += 1
         # A step that verifies drafts is received at once: how far its sequences advance is known only then.
         drafts = spec is not None and receives_at_once(out)  # (drafts, or a speculative block)
@@ -348,32 +349,46 @@ class LLMEngine:
                 out = handle.out
                 per_step = (host_s + device_s) / out.num_steps  # (a block's steps each cost a share)
                 counts |= spec.step_record(tally, out.num_draft_tokens, out.num_batched_tokens, per_step)
-            self._record_step(handle, host_s, device_s, counts)
+            self.step_records.append(step_record(self, handle, host_s, device_s, counts))
         return changed
 
     def _receive_row(self, handle: StepHandle, t0: float) -> list[RequestOutput] | None:
         """The next row of the streaming block `handle` (its step's tokens, as that step ends on the device), received
-        as a step's results are, and its outputs; None if the block stopped streaming (its rows come at its end)."""
-        timed, sched = self.timed, self.scheduler
+        as a step's results are (or kept aside: cbjax/streamed_rows.py), and its outputs; None if the block stopped
+        streaming (its rows come at its end)."""
+        timed, sched, step = self.timed, self.scheduler, handle.rows_received
         waited = handle.row_wait_s  # (fetch_row adds its wait)
-        if timed is None:
+        with timed("fetch") if timed else _NOT_TIMED:
             row = self.runner.fetch_row(handle)
-        else:
-            with timed("fetch"):
-                row = self.runner.fetch_row(handle)
         if row is None:
+            self._flush_rows()
             return None
         eos, now = self.model_config.eos_token_id, self.clock.now()
-        if timed is None:
-            got = sched.update(handle.out, row[None], eos, now, handle.rows_received - 1)
+        if step == 0 and self.stream_outputs:
+            completion = self.output_builder.completion
+            self._rows = StreamedRows.create(sched, handle.out, eos, self.stop_strings, completion)
+        kept = None
+        if self._rows is not None:
+            with timed("outputs") if timed else _NOT_TIMED:
+                kept = self._rows.keep(row, step, now)
+            self._rows = self._rows if kept is not None else None
+        if kept is None:
+            with timed("update") if timed else _NOT_TIMED:
+                got = sched.update(handle.out, (row,), eos, now, step)
+            if self.stop_strings:
+                self.stop_strings.check(got)
+            outputs = self._outputs(got if self.stream_outputs else [r for r in got if r.status is _FINISHED])
         else:
-            with timed("update"):
-                got = sched.update(handle.out, row[None], eos, now, handle.rows_received - 1)
-        if self.stop_strings:
-            self.stop_strings.check(got)
-        outputs = self._outputs(got if self.stream_outputs else [r for r in got if r.status is _FINISHED])
+            outputs = kept + self._outputs([]) if self._pending else kept  # (+ the final outputs of aborted ones)
         handle.row_host_s += time.perf_counter() - t0 - (handle.row_wait_s - waited)
         return outputs
+
+    def _flush_rows(self) -> None:
+        """Apply a streaming block's kept rows to their requests (before anything reads them: streamed_rows.py)."""
+        rows, self._rows = self._rows, None
+        if rows is not None:
+            with self.timed("update") if self.timed else _NOT_TIMED:
+                rows.flush()
 
     def _after_extras(self, got: list[Request]) -> None:
         """Feed each constrained request's newly received outputs to its constraint (TokenConstraint.accept); abort
@@ -388,47 +403,6 @@ class LLMEngine:
                 if len(known) > n:
                     req.constraint.accept(known[n:])
                     self._with_extras[req] = len(known)
-
-    def _counters(self) -> tuple[int, ...]:
-        """The scheduler's cumulative counters, in _COUNTER_NAMES' order (a step record holds the step's share).
-        A tuple: read twice per step, and a dict each time was ~1% of a simulated run."""
-        sched = self.scheduler
-        pool, host_cache = sched.pool, sched.host_cache
-        return (
-            sched.num_preemptions,
-            sched.num_recomputed_tokens,
-            pool.queried_tokens,
-            pool.hit_tokens,  # both tiers
-            *(_NO_HOST_CACHE if host_cache is None else host_cache_counters(host_cache).values()),
-        )
-
-    def _record_step(self, handle: StepHandle, host_s: float, device_s: float, counts: dict[str, int]) -> None:
-        sched, out = self.scheduler, handle.out
-        pool = sched.pool
-        # A dict display, not dict(**): built once per step.
-        self.step_records.append(
-            {
-                "time": self.clock.now(),
-                "scheduled_time": out.time,
-                "num_running": len(sched.running),
-                "num_waiting": len(sched.waiting),
-                "num_scheduled_seqs": len(out.seqs),
-                "max_num_seqs": self.config.scheduler.max_num_seqs,
-                "num_scheduled_tokens": out.num_batched_tokens,
-                "padded_tokens": handle.padded_tokens,
-                "decode_steps": out.num_steps,  # > 1: a block of decode steps (core/multi_step.py)
-                "block_wasted_tokens": out.num_wasted_tokens,
-                "kv_pages_used": pool.num_used,
-                "kv_pages_total": pool.num_pages,
-                "host_s": host_s,
-                "device_s": device_s,
-                "compiles": self.runner.num_compiles,
-                "swap_out_bytes": handle.swap_out_bytes,
-                "swap_in_bytes": handle.swap_in_bytes,
-                "swap_s": handle.swap_s,
-                **counts,
-            }
-        )
 
     def stream(self) -> Iterator[RequestOutput]:
         """Step until every request has finished, yielding each step's outputs (deltas in `new_token_ids`)."""

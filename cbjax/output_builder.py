@@ -42,11 +42,20 @@ class OutputBuilder:
         counts = dict.fromkeys(changed, 1)
         if len(counts) != len(changed):
             counts = collections.Counter(changed)
-        output = self.output
-        if any(r.group is not None for r in counts):  # a group's samples make one output (in first-seen order)
-            members = {r.group or r: r for r in counts}.values()  # one per group (or lone request), first-seen order
-            return [output(r, counts[r]) if r.group is None else self._group_output(r.group, counts) for r in members]
-        return [output(r, n) for r, n in counts.items()]
+        output, streams, complete = self.output, self.stop_strings.streams, self.completion
+        outputs = []
+        add = outputs.append
+        for r, n in counts.items():
+            if r.group is not None:  # a group's samples make one output (in first-seen order)
+                members = {r.group or r: r for r in counts}.values()  # one per group (or lone request), in order
+                return [
+                    output(m, counts[m]) if m.group is None else self._group_output(m.group, counts) for m in members
+                ]
+            if r.status is _FINISHED or r.logprobs is not None or r in streams:
+                add(output(r, n))
+            else:  # `output`'s usual case, inline (once per request per streaming step)
+                add(ReceivedOutput(r, len(r.output_token_ids) - r.num_pending_tokens, n, None, False, complete))
+        return outputs
 
     def _group_output(self, group, counts: dict) -> RequestOutput:
         """A sequence group's one output: a completion per sample (core/sequence_group.py)."""

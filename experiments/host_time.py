@@ -11,6 +11,8 @@ every round runs each variant once, in order, so a drift of the shared machine t
 - "blocks (LLM)": LLM.generate with its default blocks of decode steps,
 - "stream, blocks of 8": LLMEngine.step() with every token streamed and num_scheduler_steps=8: on the CPU each
   block's rows reach the host one per step() (cbjax/runner/token_stream.py), an older tree's all at a block's end,
+- "stream, blocks of 16": the same with num_scheduler_steps=16 (half the per-block host work per token, twice the
+  wait of a request that arrives during a block),
 - with --tree DIR, the current variants run in that checkout instead of this one (e.g. a commit with only the
   changes being measured applied);
 - with --before_tree DIR (a checkout of an older tree, e.g. `git archive HEAD | tar -x -C DIR`), also "before:
@@ -45,6 +47,7 @@ VARIANTS = {  # name: (flags over the common ones, run in the before tree)
     "finished only, 1 step": (["--num_scheduler_steps", "1"], False),
     "blocks (LLM)": ([], False),
     "stream, blocks of 8": (["--stream", "--num_scheduler_steps", "8"], False),
+    "stream, blocks of 16": (["--stream", "--num_scheduler_steps", "16"], False),
 }
 
 

@@ -11,6 +11,7 @@ import pytest
 from cbjax import LLMEngine, SamplingParams
 from cbjax.model import get_model_config, init_model
 from cbjax.runner.token_stream import TokenStream
+from cbjax.streamed_rows import RowOutput
 from tests.helpers import greedy_reference, random_workload
 
 MAX_MODEL_LEN = 256
@@ -33,22 +34,30 @@ def engine(model):
     return engine
 
 
-def stream(engine, requests: dict, on_step=None) -> tuple[dict, dict, list[int]]:
+def stream(engine, requests: dict, on_step=None, read="completion") -> tuple[dict, dict, list[int]]:
     """Add `requests` (id -> (prompt, params)) and step until done, reading every delta. Returns (deltas joined,
-    final outputs, the largest delta of each step() call); `on_step(i)` runs before the i-th call."""
+    final outputs, the largest delta of each step() call); `on_step(i)` runs before the i-th call. `read`: each
+    output's delta read from its completion ("completion"), by `stream_delta()` as the server does ("delta": a kept
+    row's outputs never build one), or every third output's completion, the rest's stream_delta() ("mixed")."""
     for rid, (prompt, params) in requests.items():
         engine.add_request(rid, prompt, params)
-    deltas, final, sizes, i = {}, {}, [], 0
+    deltas, final, sizes, i, kept = {}, {}, [], 0, 0
     while engine.has_unfinished_requests():
         if on_step is not None:
             on_step(i)
         outs = engine.step()
         i += 1
-        sizes.append(max((len(o.outputs[0].new_token_ids) for o in outs), default=0))
-        for o in outs:
-            deltas.setdefault(o.request_id, []).extend(o.outputs[0].new_token_ids)
+        kept += sum(isinstance(o, RowOutput) for o in outs)
+        new = [
+            o.outputs[0].new_token_ids if read == "completion" or (read == "mixed" and j % 3 == 1) else o.stream_delta()
+            for j, o in enumerate(outs)
+        ]
+        sizes.append(max(map(len, new), default=0))
+        for o, d in zip(outs, new):
+            deltas.setdefault(o.request_id, []).extend(d)
             if o.finished:
                 final[o.request_id] = o
+    assert kept > 0 or read == "completion", "no row was kept aside (cbjax/streamed_rows.py)"
     return deltas, final, sizes
 
 
@@ -58,11 +67,12 @@ def check_clean(engine, compiles: int) -> None:
     assert pool.num_free == pool.num_pages, "page leak"
 
 
-def test_streamed_rows_give_the_reference_tokens_one_per_step(model, engine):
+@pytest.mark.parametrize("read", ["completion", "delta"])
+def test_streamed_rows_give_the_reference_tokens_one_per_step(model, engine, read):
     prompts, params = random_workload(8, seed=11, vocab=model.cfg.vocab_size, prompt_range=(1, 90))
     ref = greedy_reference(model, prompts, [p.max_tokens for p in params], width=MAX_MODEL_LEN)
     compiles, first = engine.num_compiles, len(engine.step_records)
-    deltas, final, sizes = stream(engine, {f"g{i}": (p, q) for i, (p, q) in enumerate(zip(prompts, params))})
+    deltas, final, sizes = stream(engine, {f"g{i}": (p, q) for i, (p, q) in enumerate(zip(prompts, params))}, read=read)
     check_clean(engine, compiles)
     got = [final[f"g{i}"].outputs[0].token_ids for i in range(8)]
     assert [i for i, (g, r) in enumerate(zip(got, ref)) if g != r] == []
@@ -74,9 +84,11 @@ def test_streamed_rows_give_the_reference_tokens_one_per_step(model, engine):
     assert all(r["device_s"] >= 0 and r["host_s"] >= 0 for r in records)
 
 
-def test_sampled_stopped_aborted_and_arriving_requests_match_single_steps(model, engine):
+@pytest.mark.parametrize("read", ["completion", "delta", "mixed"])
+def test_sampled_stopped_aborted_and_arriving_requests_match_single_steps(model, engine, read):
     """Seeded sampling draws from (seed, output index) alone; a stop token or max_tokens inside a block ends the
-    request there; an abort inside a block ends it at once; a request added during a block joins after it."""
+    request there; an abort inside a block ends it at once; a request added during a block joins after it. Rows
+    kept aside (cbjax/streamed_rows.py) are applied before an abort, a stop and a completion read mid-block."""
     prompts, _ = random_workload(6, seed=12, vocab=model.cfg.vocab_size, prompt_range=(4, 40))
     late_prompt = random_workload(1, seed=13, vocab=model.cfg.vocab_size, prompt_range=(4, 40))[0][0]
     sampling = lambda i, n=37, **kw: SamplingParams(
@@ -99,7 +111,7 @@ def test_sampled_stopped_aborted_and_arriving_requests_match_single_steps(model,
             engine.abort_request("s4")
 
     compiles = engine.num_compiles
-    deltas, final, sizes = stream(engine, requests, on_step)
+    deltas, final, sizes = stream(engine, requests, on_step, read=read)
     check_clean(engine, compiles)
     got = {rid: o.outputs[0].token_ids for rid, o in final.items()}
     for rid in ("s0", "s3", "s5", "late"):

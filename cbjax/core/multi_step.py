@@ -33,6 +33,8 @@ sequences").
 Kept out of scheduler.py, which calls `plan_decode_steps` with itself as `sched` (not imported here).
 """
 
+from cbjax.core.policy import Policy
+from cbjax.core.request import PENDING_TOKEN
 from cbjax.core.scheduler_config import pages_for
 from cbjax.core.scheduler_output import SchedulerOutput
 from cbjax.core.speculation.speculative_blocks import plan_speculative_block
@@ -81,14 +83,24 @@ def plan_decode_steps(sched, out: SchedulerOutput) -> None:
     if new_pages and not pool.can_allocate(new_pages):
         return
     policy, now = sched.policy, out.time
+    hook = policy.on_scheduled
+    if getattr(hook, "__func__", None) is Policy.on_scheduled:
+        hook = None  # the base class's hook does nothing: not called (k - 1 calls per sequence)
     for s, k, need in zip(seqs, steps, needs):
         req = s.request
         s.num_steps = k
         if need:
             req.pages.extend(pool.allocate(need, policy.choose_eviction))
-        for _ in range(k - 1):  # what `Scheduler._scheduled` does for a decode, once per further step
-            policy.on_scheduled(req, 1, now)
-            req.num_computed_tokens += 1
-            req.append_pending_token()
+        if hook is not None:  # what `Scheduler._scheduled` does for a decode, once per further step
+            for _ in range(k - 1):
+                hook(req, 1, now)  # (a hook may read the request: VTC reads its computed tokens)
+                req.num_computed_tokens += 1
+                req.append_pending_token()
+            continue
+        pending = [PENDING_TOKEN] * (k - 1)  # the same for the k - 1 steps at once
+        req.num_computed_tokens += k - 1
+        req.output_token_ids += pending
+        req.all_token_ids += pending
+        req.num_pending_tokens += k - 1
     out.num_steps = max(steps)
     out.num_wasted_tokens = sum(out.num_steps - k for k in steps)  # rows of slots idle past their last step

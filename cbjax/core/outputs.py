@@ -174,13 +174,17 @@ class ReceivedOutput(RequestOutput):
     num_new, finish_reason)` builds the completion from them whenever it is read, with the same contents as if built
     at once (a received output never changes later: see CompletionOutput)."""
 
+    _outputs = None  # the completion once built
+
     def __init__(self, request, num_received: int, num_new: int, finish_reason, finished: bool, complete):
-        self.request_id, self.prompt_token_ids = request.request_id, request.prompt_token_ids
-        self.finished, self.metrics, self.error = finished, request.metrics, request.error
-        self.prompt_logprobs = request.prompt_logprobs
-        self.finish_reason = finish_reason  # its completion's (read without building it)
-        self._request, self._num_received, self._num_new = request, num_received, num_new
-        self._complete, self._outputs = complete, None
+        # One of these is built per token: the fields a stream's reader seldom reads and that never change (its
+        # prompt, prompt logprobs) are read from the request when read (properties below), not copied.
+        self._request, self._num_received, self._num_new, self._complete = request, num_received, num_new, complete
+        self.request_id, self.finish_reason, self.finished = request.request_id, finish_reason, finished
+        self.metrics, self.error = request.metrics, request.error
+
+    prompt_token_ids = property(lambda self: self._request.prompt_token_ids)
+    prompt_logprobs = property(lambda self: self._request.prompt_logprobs)  # (set before its first output)
 
     @property
     def outputs(self) -> list[CompletionOutput]:

@@ -392,9 +392,9 @@ class ModelRunner:
             return tokens
         return self.run_input(inp, verify, stream_meta)
 
-    def fetch_row(self, handle: StepHandle) -> np.ndarray | None:
+    def fetch_row(self, handle: StepHandle) -> list[int] | None:
         """The tokens of the next step of a dispatched block whose rows stream (`handle.stream_base`), in out.seqs
-        order, once the device has run that step (the wait counts in `handle.row_wait_s`); None if the block does
+        order (ints), once the device has run that step (the wait counts in `handle.row_wait_s`); None if the block does
         not stream (anymore: a row that did not arrive ends its streaming, and `fetch` reads the rest)."""
         return None if handle.stream_base is None else self.token_stream.next_row(handle)
 

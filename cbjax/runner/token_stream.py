@@ -77,18 +77,20 @@ class TokenStream:
         meta = np.array([*self._meta_head, np.uint32(base).view(np.int32), self.cap, self.width], np.int32)
         return base, meta
 
-    def next_row(self, handle) -> np.ndarray | None:
-        """ModelRunner.fetch_row for the block of `handle` (a runner StepHandle with a `stream_base`)."""
-        t0, j, n = time.perf_counter(), handle.rows_received, len(handle.order)
-        row = self.take(handle.stream_base + j, n, handle.tokens.is_ready)
+    def next_row(self, handle) -> list[int] | None:
+        """ModelRunner.fetch_row for the block of `handle` (a runner StepHandle with a `stream_base`): the next
+        row's tokens in out.seqs order, as ints (the scheduler applies them one by one)."""
+        t0, j = time.perf_counter(), handle.rows_received
+        if j == 0:  # once per block: how a row's slots map to out.seqs (a decode block's is usually the identity)
+            order = np.asarray(handle.order)
+            handle.row_order = None if (order == np.arange(order.size)).all() else np.argsort(order)
+        row = self.take(handle.stream_base + j, len(handle.order), handle.tokens.is_ready)
         handle.row_wait_s += time.perf_counter() - t0
         if row is None:
             handle.stream_base = None
             return None
         handle.rows_received = j + 1
-        result = np.empty(n, np.int32)
-        result[handle.order] = row
-        return result
+        return row.tolist() if handle.row_order is None else row[handle.row_order].tolist()
 
     def take(self, pos: int, n: int, done) -> np.ndarray | None:
         """The first `n` tokens of position `pos` once its step has run (a view, valid until the next take), or

@@ -13,6 +13,7 @@ _EXPORTS = {
     "RequestOutput": "cbjax.core.outputs",
     "CompletionOutput": "cbjax.core.outputs",
     "RequestMetrics": "cbjax.core.outputs",
+    "StepDeltas": "cbjax.core.outputs",
     "StructuredOutputs": "cbjax.core.structured_outputs",
     "BeamSearchParams": "cbjax.beam_search",
 }

@@ -17,7 +17,7 @@ from cbjax.bad_words import bad_word_token_ids
 from cbjax.config import validation as check
 from cbjax.core.clock import Clock
 from cbjax.core.kv_handoff import admit_prefilled
-from cbjax.core.outputs import RequestOutput
+from cbjax.core.outputs import RequestOutput, StepDeltas
 from cbjax.core.request import Request, RequestStatus
 from cbjax.core.runner_contract import StepHandle
 from cbjax.core.sampling_params import SamplingParams
@@ -256,16 +256,25 @@ class LLMEngine:
         step. Returns an output for each request that got a token or finished (its `new_token_ids` is the stream
         delta)."""
         if self.timed is None:
-            return self._step()
+            return self._step(False)
         with self.timed("step"):
-            return self._step()
+            return self._step(False)
 
-    def _step(self) -> list[RequestOutput]:
+    def step_deltas(self) -> StepDeltas:
+        """`step()` read in bulk: the same iteration, its outputs as a StepDeltas (core/outputs.py): each plain
+        request's one new token in two lists (request ids, token ids), without an object per token; every other
+        output as `step()` returns it. For a server or a harness that streams every token."""
+        if self.timed is None:
+            return self._step(True)
+        with self.timed("step"):
+            return self._step(True)
+
+    def _step(self, bulk: bool) -> "list[RequestOutput] | StepDeltas":
         t0 = time.perf_counter()
         streaming = self._streaming
         if streaming is not None:  # a block's rows, one per call but its last (which comes with the next dispatch)
             if streaming.rows_received < streaming.out.num_steps - 1:
-                outputs = self._receive_row(streaming, t0)
+                outputs = self._receive_row(streaming, t0, bulk)
                 if outputs is not None:
                     return outputs
             self._streaming = None
@@ -301,18 +310,20 @@ class LLMEngine:
         changed += self._receive(keep, t0)
         if not self.stream_outputs:  # building an output per token was ~10% of a simulated run's time
             changed = [r for r in changed if r.status is _FINISHED]
-        return self._outputs(changed)
+        return self._outputs(changed, bulk)
 
-    def _outputs(self, changed: list[Request]) -> list[RequestOutput]:
-        """The outputs of a step() call: one per request in `changed`, and the final ones of requests aborted since."""
+    def _outputs(self, changed: list[Request], bulk: bool = False) -> "list[RequestOutput] | StepDeltas":
+        """The outputs of a step() call: one per request in `changed`, and the final ones of requests aborted since
+        (`bulk`: as a StepDeltas, for step_deltas())."""
         timed, build = self.timed, self.output_builder
+        make = build.deltas if bulk else build.outputs
         if timed is None:
-            outputs = build.outputs(changed) if changed else []
+            outputs = make(changed) if changed else StepDeltas() if bulk else []
         else:
             with timed("outputs"):
-                outputs = build.outputs(changed) if changed else []
+                outputs = make(changed) if changed else StepDeltas() if bulk else []
         if self._pending:
-            outputs += [build.output(r, 0) for r in self._pending]
+            (outputs.outputs if bulk else outputs).extend(build.output(r, 0) for r in self._pending)
             self._pending.clear()
         return outputs
 
@@ -352,7 +363,7 @@ class LLMEngine:
             self.step_records.append(step_record(self, handle, host_s, device_s, counts))
         return changed
 
-    def _receive_row(self, handle: StepHandle, t0: float) -> list[RequestOutput] | None:
+    def _receive_row(self, handle: StepHandle, t0: float, bulk: bool) -> "list[RequestOutput] | StepDeltas | None":
         """The next row of the streaming block `handle` (its step's tokens, as that step ends on the device), received
         as a step's results are (or kept aside: cbjax/streamed_rows.py), and its outputs; None if the block stopped
         streaming (its rows come at its end)."""
@@ -370,14 +381,16 @@ class LLMEngine:
         kept = None
         if self._rows is not None:
             with timed("outputs") if timed else _NOT_TIMED:
-                kept = self._rows.keep(row, step, now)
+                kept = self._rows.keep(row, step, now, build=not bulk)
             self._rows = self._rows if kept is not None else None
         if kept is None:
             with timed("update") if timed else _NOT_TIMED:
                 got = sched.update(handle.out, (row,), eos, now, step)
             if self.stop_strings:
                 self.stop_strings.check(got)
-            outputs = self._outputs(got if self.stream_outputs else [r for r in got if r.status is _FINISHED])
+            outputs = self._outputs(got if self.stream_outputs else [r for r in got if r.status is _FINISHED], bulk)
+        elif bulk:  # every request of the block got this row's token (copies: the row is applied later)
+            outputs = StepDeltas(list(self._rows.ids), list(row), self._outputs([]) if self._pending else [])
         else:
             outputs = kept + self._outputs([]) if self._pending else kept  # (+ the final outputs of aborted ones)
         handle.row_host_s += time.perf_counter() - t0 - (handle.row_wait_s - waited)

@@ -10,7 +10,7 @@ group's samples make one output together, and logprobs are sliced as received.
 import collections
 from collections.abc import Callable
 
-from cbjax.core.outputs import CompletionOutput, ReceivedOutput, RequestOutput
+from cbjax.core.outputs import CompletionOutput, ReceivedOutput, RequestOutput, StepDeltas
 from cbjax.core.request import FinishReason, Request, RequestStatus
 from cbjax.core.sequence_group import group_output
 from cbjax.model.config import ModelConfig
@@ -56,6 +56,21 @@ class OutputBuilder:
             else:  # `output`'s usual case, inline (once per request per streaming step)
                 add(ReceivedOutput(r, len(r.output_token_ids) - r.num_pending_tokens, n, None, False, complete))
         return outputs
+
+    def deltas(self, changed: list[Request]) -> StepDeltas:
+        """`outputs(changed)` in bulk: a plain request's one new token goes into two lists (no object per token), the
+        rest are outputs as `outputs` builds them."""
+        counts = dict.fromkeys(changed, 1)
+        if len(counts) != len(changed):
+            counts = collections.Counter(changed)
+        streams, ids, tokens, rest = self.stop_strings.streams, [], [], []
+        for r, n in counts.items():
+            if n == 1 and r.group is None and r.status is not _FINISHED and r.logprobs is None and r not in streams:
+                ids.append(r.request_id)
+                tokens.append(r.output_token_ids[len(r.output_token_ids) - r.num_pending_tokens - 1])
+            else:
+                rest += [r] * n
+        return StepDeltas(ids, tokens, self.outputs(rest) if rest else [])
 
     def _group_output(self, group, counts: dict) -> RequestOutput:
         """A sequence group's one output: a completion per sample (core/sequence_group.py)."""

@@ -72,9 +72,10 @@ class StreamedRows:
                 return None
         return cls(sched, out, eos_token_id, complete)
 
-    def keep(self, row: list[int], step: int, now: float) -> list[RowOutput] | None:
-        """The outputs of step `step`'s row (its tokens in out.seqs order), kept aside; None where it cannot be
-        kept (then every row kept so far is applied, and the caller applies this one the usual way)."""
+    def keep(self, row: list[int], step: int, now: float, build: bool = True) -> list[RowOutput] | None:
+        """The outputs of step `step`'s row (its tokens in out.seqs order), kept aside (`build` False: none built,
+        an empty list: a bulk reader takes `ids` and the row); None where it cannot be kept (then every row kept so
+        far is applied, and the caller applies this one the usual way)."""
         if step > self.last_kept or not self.stops.isdisjoint(row):
             self.flush()
             return None
@@ -82,6 +83,8 @@ class StreamedRows:
             self.first_step = step
         self.rows.append(row)
         self.times.append(now)
+        if not build:
+            return []
         k, complete = len(self.rows), self.complete
         return [
             RowOutput(r, rid, m, n + k, t, complete)

@@ -26,11 +26,12 @@ step records' `host_s` only, which ends when a step's results are received (befo
 update and the rest of the engine's step (cbjax/bench/host_timers.py), medians over the runs; and
 `host_cpu_share`, the host's CPU time over the wall time.
 
---stream: drive `LLMEngine.step()` directly with every token streamed, as the server does (each step returns an
-output per request that got a token, and the loop reads its `new_token_ids`), instead of `LLM.generate`, which
-asks the engine for finished outputs only. The loop reads each output's delta by `RequestOutput.stream_delta()`
-(an older tree's engine without it: `outputs[0].new_token_ids`). The deltas read are checked against the final
-outputs after each run.
+--stream: drive the engine's step directly with every token streamed, as the server does (each step gives every
+request that got a token its delta, and the loop reads it), instead of `LLM.generate`, which asks the engine for
+finished outputs only. The loop reads the deltas in bulk (`LLMEngine.step_deltas()`: a plain request's one new
+token in two lists, no object per token) and the other outputs' by `RequestOutput.stream_delta()` (an older
+tree's engine: `step()`, and `outputs[0].new_token_ids` where it has no `stream_delta`). The deltas read are
+checked against the final outputs after each run.
 
 --doc_data PATH: also write a data file for the docs (cbjax/bench/doc_data.py): one run per timed repeat (its
 wall time, throughput, host shares) with the workload, model, dtype and engine options as labels, and this
@@ -136,16 +137,21 @@ def time_step_calls(engine) -> list:
     """Wrap `engine.step` (an attribute of this instance: LLM.generate and this harness call it through the
     engine) to append each call's (wall seconds, device wait + swap seconds of the steps it received) to the list
     returned. Reads only the step records, so it measures any tree's engine the same way."""
-    calls, step, records = [], engine.step, engine.step_records
+    calls, records = [], engine.step_records
 
-    def timed_step():
-        n, t0 = len(records), time.perf_counter()
-        outputs = step()
-        wall = time.perf_counter() - t0
-        calls.append((wall, sum(r["device_s"] + r["swap_s"] for r in records[n:])))
-        return outputs
+    def timed(step):
+        def timed_step():
+            n, t0 = len(records), time.perf_counter()
+            outputs = step()
+            wall = time.perf_counter() - t0
+            calls.append((wall, sum(r["device_s"] + r["swap_s"] for r in records[n:])))
+            return outputs
 
-    engine.step = timed_step
+        return timed_step
+
+    engine.step = timed(engine.step)
+    if hasattr(engine, "step_deltas"):  # (the same step read in bulk: --stream's loop)
+        engine.step_deltas = timed(engine.step_deltas)
     return calls
 
 
@@ -159,13 +165,21 @@ def stream_run(engine, prompts: list, params: list, tag: str) -> list:
     for rid, prompt, sp in zip(ids, prompts, params):
         engine.add_request(rid, prompt, sp)
     streamed, engine.stream_outputs = engine.stream_outputs, True
-    bulk = hasattr(RequestOutput, "stream_delta")  # (False: an older tree's engine, see --before_tree of host_time)
+    lazy = hasattr(RequestOutput, "stream_delta")  # (False: an older tree's engine, see --before_tree of host_time)
+    bulk = hasattr(engine, "step_deltas")  # (an older tree's engine has step() only)
     deltas: dict[str, list[int]] = {rid: [] for rid in ids}
     finished = {}
     try:
         while engine.has_unfinished_requests():
-            for out in engine.step():
-                deltas[out.request_id] += out.stream_delta() if bulk else out.outputs[0].new_token_ids
+            if bulk:  # each plain request's one new token in two lists, the other outputs as step() returns them
+                step = engine.step_deltas()
+                for rid, token in zip(step.request_ids, step.token_ids):
+                    deltas[rid].append(token)
+                outputs = step.outputs
+            else:
+                outputs = engine.step()
+            for out in outputs:
+                deltas[out.request_id] += out.stream_delta() if lazy else out.outputs[0].new_token_ids
                 if out.finished:
                     finished[out.request_id] = out
     finally:

@@ -37,22 +37,34 @@ def engine(model):
 def stream(engine, requests: dict, on_step=None, read="completion") -> tuple[dict, dict, list[int]]:
     """Add `requests` (id -> (prompt, params)) and step until done, reading every delta. Returns (deltas joined,
     final outputs, the largest delta of each step() call); `on_step(i)` runs before the i-th call. `read`: each
-    output's delta read from its completion ("completion"), by `stream_delta()` as the server does ("delta": a kept
-    row's outputs never build one), or every third output's completion, the rest's stream_delta() ("mixed")."""
+    output's delta read from its completion ("completion"), by `stream_delta()` ("delta": a kept row's outputs never
+    build one), every third output's completion and the rest's stream_delta() ("mixed"), or in bulk by
+    `step_deltas()` as the server does ("bulk": plain requests' one new token in two lists)."""
     for rid, (prompt, params) in requests.items():
         engine.add_request(rid, prompt, params)
     deltas, final, sizes, i, kept = {}, {}, [], 0, 0
     while engine.has_unfinished_requests():
         if on_step is not None:
             on_step(i)
-        outs = engine.step()
+        if read == "bulk":
+            bulk = engine.step_deltas()
+            outs, new = bulk.outputs, [o.stream_delta() for o in bulk.outputs]
+            assert len(bulk.request_ids) == len(set(bulk.request_ids)) == len(bulk.token_ids)
+            assert not {o.request_id for o in outs} & set(bulk.request_ids), "a request in both parts"
+            for rid, token in zip(bulk.request_ids, bulk.token_ids):
+                deltas.setdefault(rid, []).append(token)
+            kept += len(bulk.request_ids)
+        else:
+            outs = engine.step()
+            kept += sum(isinstance(o, RowOutput) for o in outs)
+            new = [
+                o.outputs[0].new_token_ids
+                if read == "completion" or (read == "mixed" and j % 3 == 1)
+                else o.stream_delta()
+                for j, o in enumerate(outs)
+            ]
         i += 1
-        kept += sum(isinstance(o, RowOutput) for o in outs)
-        new = [
-            o.outputs[0].new_token_ids if read == "completion" or (read == "mixed" and j % 3 == 1) else o.stream_delta()
-            for j, o in enumerate(outs)
-        ]
-        sizes.append(max(map(len, new), default=0))
+        sizes.append(max([0] + [len(d) for d in new] + ([1] if read == "bulk" and bulk.request_ids else [])))
         for o, d in zip(outs, new):
             deltas.setdefault(o.request_id, []).extend(d)
             if o.finished:
@@ -67,7 +79,7 @@ def check_clean(engine, compiles: int) -> None:
     assert pool.num_free == pool.num_pages, "page leak"
 
 
-@pytest.mark.parametrize("read", ["completion", "delta"])
+@pytest.mark.parametrize("read", ["completion", "delta", "bulk"])
 def test_streamed_rows_give_the_reference_tokens_one_per_step(model, engine, read):
     prompts, params = random_workload(8, seed=11, vocab=model.cfg.vocab_size, prompt_range=(1, 90))
     ref = greedy_reference(model, prompts, [p.max_tokens for p in params], width=MAX_MODEL_LEN)
@@ -84,7 +96,7 @@ def test_streamed_rows_give_the_reference_tokens_one_per_step(model, engine, rea
     assert all(r["device_s"] >= 0 and r["host_s"] >= 0 for r in records)
 
 
-@pytest.mark.parametrize("read", ["completion", "delta", "mixed"])
+@pytest.mark.parametrize("read", ["completion", "delta", "mixed", "bulk"])
 def test_sampled_stopped_aborted_and_arriving_requests_match_single_steps(model, engine, read):
     """Seeded sampling draws from (seed, output index) alone; a stop token or max_tokens inside a block ends the
     request there; an abort inside a block ends it at once; a request added during a block joins after it. Rows
@@ -97,7 +109,7 @@ def test_sampled_stopped_aborted_and_arriving_requests_match_single_steps(model,
     requests = {f"s{i}": (p, sampling(i, n=21 + 3 * i)) for i, p in enumerate(prompts)}
     requests["late"] = (late_prompt, sampling(9))
     single = LLMEngine(model, **OPTS)
-    _, want, _ = stream(single, requests)
+    _, want, _ = stream(single, requests, read="bulk" if read == "bulk" else "completion")  # (bulk: builder.deltas)
     want = {rid: o.outputs[0].token_ids for rid, o in want.items()}
     # Stop s1 at its 10th token's value, s2 at its 7th (inside a block of 4, after the prefill's token).
     requests["s1"] = (prompts[1], sampling(1, n=24, stop_token_ids=[want["s1"][9]]))

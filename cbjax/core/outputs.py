@@ -218,3 +218,17 @@ class ReceivedOutput(RequestOutput):
 
     def __repr__(self) -> str:
         return repr(self.materialize())
+
+
+@dataclass
+class StepDeltas:
+    """One `LLMEngine.step_deltas()` call's results in bulk (what `step()` returns, read without an object per token).
+
+    `request_ids[i]` got the one new token `token_ids[i]` and neither finished nor needs more than its token ids (a
+    plain request: no sample group, no logprobs, no stop strings); every other output of the step (a finished request,
+    several tokens at once, a group, logprobs, stop strings, an abort) is a RequestOutput in `outputs`, as `step()`
+    would return it. Together they are exactly what `step()` would have returned for the same step."""
+
+    request_ids: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    outputs: list[RequestOutput] = field(default_factory=list)

@@ -226,7 +226,12 @@ class EngineLoop:
                 return
             if engine.has_unfinished_requests():
                 now, batch, live = time.monotonic(), [], self._live
-                for out in engine.step():
+                step = engine.step_deltas()  # (plain requests' one new token in bulk: no object per token)
+                for rid, token in zip(step.request_ids, step.token_ids):
+                    h = live.get(rid)
+                    if h is not None:
+                        self._deliver_token(h, token, now, batch)
+                for out in step.outputs:
                     h = live.get(out.request_id)
                     if h is not None:
                         self._deliver(h, out, now, batch)
@@ -293,18 +298,29 @@ class EngineLoop:
                 lp = c.logprobs[len(c.logprobs) - len(new) :] if new else []
             deltas.append(ChoiceDelta(index, new, reason, c.text if with_text and c is not None else None, lp))
         if n:
-            if h.last_token is None:
-                m.ttft.observe(now - h.arrival)
-            else:
-                for _ in range(n):
-                    m.itl.observe((now - h.last_token) / n)
-            h.last_token = now
-            h.num_tokens += n
+            self._count_tokens(h, n, now)
         if out.finished:
             m.e2e.observe(now - h.arrival)
             self._close(h, None, last_reason)
         # The last event carries the final outputs (views of a finished request: they change no more).
         batch.append((h, ("tokens", deltas, out.outputs if out.finished else None)))
+
+    def _deliver_token(self, h: RequestHandle, token: int, now: float, batch: list) -> None:
+        """`_deliver` for a plain request's one new token, read in bulk (StepDeltas): it did not finish."""
+        self.metrics.generation_tokens.inc(1)
+        self._count_tokens(h, 1, now)
+        batch.append((h, ("tokens", [ChoiceDelta(0, [token], None, None, None)], None)))
+
+    def _count_tokens(self, h: RequestHandle, n: int, now: float) -> None:
+        """The latency metrics of `n` new tokens of `h` (per sample) received at `now`: TTFT, else ITL each."""
+        m = self.metrics
+        if h.last_token is None:
+            m.ttft.observe(now - h.arrival)
+        else:
+            for _ in range(n):
+                m.itl.observe((now - h.last_token) / n)
+        h.last_token = now
+        h.num_tokens += n
 
     def _expire(self, now: float) -> None:
         for h in list(self._live.values()):

@@ -36,15 +36,16 @@ def test_stream_run_gives_the_outputs_of_generate_in_prompt_order(engine):
 
 
 def test_stream_run_refuses_deltas_that_do_not_add_up(engine, monkeypatch):
-    step = engine.step
+    step = engine.step_deltas  # (stream_run reads steps in bulk)
 
-    def losing_step():  # a consumer that would lose a token: every output's delta emptied
-        outs = step()
-        for o in outs:
+    def losing_step():  # a consumer that would lose a token: every bulk token dropped, every output's delta emptied
+        bulk = step()
+        bulk.request_ids, bulk.token_ids = [], []
+        for o in bulk.outputs:
             o.outputs[0].new_token_ids = []
-        return outs
+        return bulk
 
-    monkeypatch.setattr(engine, "step", losing_step)
+    monkeypatch.setattr(engine, "step_deltas", losing_step)
     with pytest.raises(RuntimeError, match="streamed deltas differ"):
         throughput.stream_run(engine, [[5, 6]], [SamplingParams(max_tokens=3, **GREEDY)], "lost")
 
@@ -71,7 +72,10 @@ def test_rounds_of_variants_merge_into_one_data_file(tmp_path, monkeypatch):
         ("stream, 1 step", 1, 12),
         ("finished only, 1 step", 1, 11),
     ]
-    assert len(data["runs"]) == 16 and "--rounds 2 --repeats 2" in data["command"]
+    assert (
+        len(data["runs"]) == 2 * 2 * sum(not before for _, before in host_time.VARIANTS.values())
+        and "--rounds 2 --repeats 2" in data["command"]
+    )
     assert data["results"]["stream, 1 step #2"]["flags"] == ["--stream", "--num_scheduler_steps", "1"]
     table = VIEWS["medians"](
         data,

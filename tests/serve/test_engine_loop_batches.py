@@ -19,8 +19,8 @@ def test_a_steps_token_events_arrive_in_one_call_per_event_loop():
     engine = LLMEngine(model, **SMALL_ENGINE)
     reference = LLM(model, **SMALL_ENGINE).generate(PROMPTS, SamplingParams(6, **GREEDY))
     expected = [o.outputs[0].token_ids for o in reference]
-    gate, step = threading.Event(), engine.step
-    engine.step = lambda: (gate.wait(), step())[1]  # the first step waits until every request is submitted
+    gate, step = threading.Event(), engine.step_deltas  # (the engine loop's step: outputs read in bulk)
+    engine.step_deltas = lambda: (gate.wait(), step())[1]  # the first step waits until every request is submitted
     loop = EngineLoop(engine, ServerMetrics("test"))
     loop.start()
 

@@ -15,13 +15,13 @@ LONG = {"prompt": "def f(x):", "max_tokens": 200, "ignore_eos": True, "temperatu
 
 
 def _slow_steps(engine, seconds=0.01):
-    step = engine.step
+    step = engine.step_deltas  # (the engine loop's step: outputs read in bulk)
 
     def slow():
         time.sleep(seconds)
         return step()
 
-    engine.step = slow
+    engine.step_deltas = slow
 
 
 class Stream:

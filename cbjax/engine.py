@@ -17,6 +17,7 @@ from cbjax.bad_words import bad_word_token_ids
 from cbjax.config import validation as check
 from cbjax.core.clock import Clock
 from cbjax.core.kv_handoff import admit_prefilled
+from cbjax.core.multi_step import can_shorten_block, shorten_block
 from cbjax.core.outputs import RequestOutput, StepDeltas
 from cbjax.core.request import Request, RequestStatus
 from cbjax.core.runner_contract import StepHandle
@@ -197,6 +198,14 @@ class LLMEngine:
             if params.stop:
                 self.stop_strings.track(sample)
         self.scheduler.add(req)
+        self._end_block_early()
+
+    def _end_block_early(self) -> None:
+        """A request arrived while a block streams its rows: ask the block to end after its running step (it would
+        wait for the block's end to be admitted), where the scheduler can give the other steps back."""
+        handle = self._streaming
+        if handle is not None and not handle.stop_requested and can_shorten_block(self.scheduler, handle.out):
+            self.runner.token_stream.request_stop(handle)
 
     def _prompt_token_ids(self, prompt) -> list[int]:
         """A prompt's token ids: text (with a tokenizer) or a sequence of integer ids in the vocabulary."""
@@ -219,6 +228,7 @@ class LLMEngine:
         if pages is not None:
             self.requests[req.request_id] = req
             self._adopted.append(req)
+            self._end_block_early()
             if req.params.stop:
                 self.stop_strings.track(req)
                 self.stop_strings.check([req])  # (its first token cannot complete one: its first engine checked)
@@ -279,6 +289,8 @@ class LLMEngine:
                     return outputs
             self._streaming = None
             self._flush_rows()
+            if streaming.stop_requested:  # it was asked to end early (a request arrived): give back what did not run
+                shorten_block(self.scheduler, streaming.out, self.runner.token_stream.steps_run(streaming))
         sched = self.scheduler
         changed: list[Request] = self._adopted  # (each counts as one token received: its first, made elsewhere)
         self._adopted = []
@@ -302,6 +314,8 @@ class LLMEngine:
             handle = self.runner.dispatch(out)
             if out.num_steps > 1 and getattr(handle, "stream_base", None) is not None:
                 self._streaming = handle
+                if sched.waiting:  # (a request added while it was dispatched, by a runner's on_dispatch hook)
+                    self._end_block_early()
             self._in_flight.append((handle, counters_since(sched, before)))
             self.num_steps += 1
         # A step that verifies drafts is received at once: how far its sequences advance is known only then.

@@ -4,6 +4,8 @@ The tokens equal the full-forward reference and single steps' (greedy, seeded sa
 and aborts inside a block, a request arriving during one), nothing compiles after warmup, no page leaks, and a row
 that does not arrive makes the rest of its block come at the block's end, nothing lost."""
 
+import types
+
 import jax
 import numpy as np
 import pytest
@@ -143,9 +145,9 @@ def test_a_row_that_does_not_arrive_brings_the_rest_of_its_block_at_its_end(mode
     stream_ = engine.runner.token_stream
     take, calls = stream_.take, []
 
-    def flaky_take(pos, n, done):
+    def flaky_take(pos, n, done, slice_us=0):
         calls.append(pos)
-        return None if len(calls) % 5 == 3 else take(pos, n, done)
+        return None if len(calls) % 5 == 3 else take(pos, n, done, slice_us)
 
     monkeypatch.setattr(stream_, "take", flaky_take)
     compiles = engine.num_compiles
@@ -161,11 +163,13 @@ def test_a_row_that_does_not_arrive_brings_the_rest_of_its_block_at_its_end(mode
 def test_the_ring_hands_over_each_position_once_and_reports_a_lost_one():
     ts = TokenStream.create(8, 2)
     assert ts is not None and ts.cap == 8
-    write = jax.jit(lambda meta, i, row: jax.ffi.ffi_call(ts.target, jax.ShapeDtypeStruct(row.shape, row.dtype))(
-        meta, i, row))  # fmt: skip
+    out = (jax.ShapeDtypeStruct((8,), np.int32), jax.ShapeDtypeStruct((), np.int32))  # (the row, the stop flag)
+    call = jax.jit(lambda meta, i, row: jax.ffi.ffi_call(ts.target, out)(meta, i, row))
+    write = lambda meta, i, row: call(meta, i, row)[0]
     row = np.arange(8, dtype=np.int32) * 3
     base, meta = ts.reserve(3)
-    assert np.array_equal(write(meta, np.int32(1), row), row)  # the row passes through
+    got, stop = call(meta, np.int32(1), row)
+    assert np.array_equal(got, row) and stop == 0  # the row passes through; nobody asked the block to stop
     assert np.array_equal(ts.take(base + 1, 5, lambda: True), row[:5])
     assert ts.take(base, 5, lambda: True) is None  # never written (the block ended without it)
     # Off: the call only passes the row through.
@@ -176,6 +180,10 @@ def test_the_ring_hands_over_each_position_once_and_reports_a_lost_one():
     write(meta2, np.int32(base + 1 + ts.cap - later), row + 7)
     assert ts.take(base + 1, 8, lambda: True) is None
     assert np.array_equal(ts.take(base + 1 + ts.cap, 8, lambda: True), row + 7)
+    # A stop asked for one block reaches its steps only (and never a block without a stream).
+    ts.request_stop(types.SimpleNamespace(stream_base=later, stop_requested=False))
+    assert call(meta2, np.int32(3), row)[1] == 1 and call(meta, np.int32(2), row)[1] == 0
+    assert call(TokenStream.off_meta(), np.int32(0), row)[1] == 0
 
 
 def test_rows_a_stop_wastes_are_counted_as_when_the_block_comes_at_once(model, engine):
@@ -216,3 +224,57 @@ def test_rows_that_take_longer_than_a_wait_slice_still_arrive_one_per_step(model
     check_clean(engine, compiles)
     assert [final[f"t{i}"].outputs[0].token_ids for i in range(3)] == ref
     assert all(deltas[f"t{i}"] == ref[i] for i in range(3)) and max(sizes) == 1
+
+
+@pytest.mark.parametrize("read", ["delta", "bulk"])
+def test_a_request_arriving_during_a_block_ends_it_after_its_running_step(model, engine, read, monkeypatch):
+    """The block is asked to stop (its device loop reads the ring's stop word after each step): the new request is
+    scheduled once the rows the block ran are taken, not at its planned end; the steps it did not run are given
+    back (pending tokens, computed counts, pages: none leaks), and every token equals the full-forward reference.
+    The request comes as the block is dispatched (the runner's on_dispatch hook), and the stop word is set as its
+    positions are reserved, before its program starts: a step of this tiny model is too quick (and a small program
+    may even run within its launch) for the test to rely on the device still running when the hook asks."""
+    prompts, _ = random_workload(5, seed=17, vocab=model.cfg.vocab_size, prompt_range=(4, 30))
+    greedy = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    ref = greedy_reference(model, prompts, [40] * 5, width=MAX_MODEL_LEN)
+    compiles, ids = engine.num_compiles, [f"e{read}{i}" for i in range(5)]
+    for rid, p in zip(ids[:4], prompts):
+        engine.add_request(rid, p, greedy)
+    blocks, waited, tokens = [], 0, {}
+    ts, reserve = engine.runner.token_stream, engine.runner.token_stream.reserve
+    armed = lambda num_steps: not blocks and len(tokens.get(ids[0], [])) > 8 and num_steps == 4
+
+    def reserve_stopped(num_steps):  # the target block's stop word set before its first step
+        base, meta = reserve(num_steps)
+        if armed(num_steps):
+            ts.ring[-1] = np.uint32(base).view(np.int32)
+        return base, meta
+
+    def on_dispatch(handle):
+        if handle.stream_base is not None and armed(handle.out.num_steps):
+            blocks.append(handle)
+            engine.add_request(ids[4], prompts[4], greedy)
+
+    monkeypatch.setattr(ts, "reserve", reserve_stopped)
+    monkeypatch.setattr(engine.runner, "on_dispatch", on_dispatch)
+    while engine.has_unfinished_requests():
+        for rid, new in read_step(engine, read):
+            tokens.setdefault(rid, []).extend(new)
+        if blocks and ids[4] in engine.requests and engine.requests[ids[4]].num_computed_tokens == 0:
+            waited += 1
+    check_clean(engine, compiles)
+    assert [tokens[rid] for rid in ids] == ref
+    (block,) = blocks
+    assert block.stop_requested and block.out.num_steps == 1, "the block did not end after its first step"
+    # It waited for the call that dispatched the block and the one that took its one row; the next scheduled it.
+    assert waited == 2
+
+
+def read_step(engine, read: str) -> list[tuple[str, list[int]]]:
+    """One step's deltas, (request id, new tokens) each: by `step()` and `stream_delta()`, or by step_deltas()."""
+    if read != "bulk":
+        return [(o.request_id, o.stream_delta()) for o in engine.step()]
+    bulk = engine.step_deltas()
+    return [*zip(bulk.request_ids, ([t] for t in bulk.token_ids))] + [
+        (o.request_id, o.stream_delta()) for o in bulk.outputs
+    ]

@@ -23,7 +23,9 @@ slot idle for the rest of the block (nothing waits that could take it).
 What differs from single steps: a sequence that stops on EOS or a stop token inside a block computes (and drops)
 the rest of the block's tokens, as asynchronous scheduling already does for one step (those rows, and those of
 slots idle past their steps, are counted in SchedulerOutput.num_wasted_tokens); a request arriving during a block
-waits for its end; and, where the runner cannot stream a block's rows (cbjax/runner/token_stream.py: on the CPU a
+waits for its end, unless the block streams its rows (then the engine asks it to end after its running step and
+`shorten_block` gives the steps that did not run back, where `can_shorten_block` allows); and, where the runner
+cannot stream a block's rows (cbjax/runner/token_stream.py: on the CPU a
 streaming LLMEngine takes them one per step()), its tokens reach the host together at the end of the block
 (streaming deltas of up to N tokens, inter-token latencies of 0 within them). Hence on for the offline LLM facade
 (cbjax/llm.py: nothing arrives, final outputs only) and off by default in LLMEngine (num_scheduler_steps=8 there
@@ -34,7 +36,7 @@ Kept out of scheduler.py, which calls `plan_decode_steps` with itself as `sched`
 """
 
 from cbjax.core.policy import Policy
-from cbjax.core.request import PENDING_TOKEN
+from cbjax.core.request import PENDING_TOKEN, FinishReason, RequestStatus
 from cbjax.core.scheduler_config import pages_for
 from cbjax.core.scheduler_output import SchedulerOutput
 from cbjax.core.speculation.speculative_blocks import plan_speculative_block
@@ -104,3 +106,46 @@ def plan_decode_steps(sched, out: SchedulerOutput) -> None:
         req.num_pending_tokens += k - 1
     out.num_steps = max(steps)
     out.num_wasted_tokens = sum(out.num_steps - k for k in steps)  # rows of slots idle past their last step
+
+
+def can_shorten_block(sched, out: SchedulerOutput) -> bool:
+    """Whether block `out` may end before its planned steps (`shorten_block` can give back what the steps that did
+    not run were charged): no speculator (its proposer and draft model track the requests' tokens), no sample group
+    or shared page (the pages a block gives back are its own tail pages), a policy whose `on_scheduled` does
+    nothing (the steps were charged to it at once; VTC or MLFQ would keep the charge)."""
+    if sched.speculator is not None or getattr(sched.policy.on_scheduled, "__func__", None) is not Policy.on_scheduled:
+        return False
+    return all(s.request.group is None and not s.request.shares_pages for s in out.seqs)
+
+
+def shorten_block(sched, out: SchedulerOutput, steps_run: int) -> None:
+    """Block `out` ended after `steps_run` of its `out.num_steps` steps (the engine asked it to, as a request arrived;
+    `can_shorten_block` held): each unfinished sequence gives back the steps it did not run, as if planned with
+    `steps_run` (its pending placeholders, computed tokens and the pages only those needed); the block's count of
+    wasted rows is what it would have been. Call before the block's rows past `steps_run` would be received and
+    before the next step is scheduled."""
+    N, m = out.num_steps, steps_run
+    if m >= N:
+        return
+    G, pool = sched.cache.page_size, sched.pool
+    wasted = 0
+    for s in out.seqs:
+        req, k = s.request, s.num_steps
+        wasted += (m - min(k, m)) - (N - k)  # (a slot idle past its steps, counted at planning)
+        s.num_steps = min(k, m)
+        if req.status is RequestStatus.FINISHED:  # stopped in the block (its pending outputs dropped then) or aborted
+            if req.finish_reason is not FinishReason.ABORT:
+                wasted -= k - min(k, m)  # (receive_step counted the rows to the planned end)
+            continue
+        cut = k - min(k, m)
+        if cut:
+            del req.output_token_ids[-cut:]
+            del req.all_token_ids[-cut:]
+            req.num_pending_tokens -= cut
+            req.num_computed_tokens -= cut
+            keep = pages_for(req.num_computed_tokens, G) - req.num_dropped_pages
+            if len(req.pages) > keep:
+                pool.free(req.pages[keep:])
+                del req.pages[keep:]
+    out.num_steps = m
+    out.num_wasted_tokens += wasted

@@ -31,4 +31,5 @@ class StepHandle:
     rows_received: int = 0
     row_wait_s: float = 0.0
     row_host_s: float = 0.0
+    stop_requested: bool = False  # asked to end early (a request arrived: TokenStream.request_stop)
     row_order: object = None  # numpy gather from a row's slots to out.seqs order; None: the identity

@@ -9,8 +9,10 @@ step's row into a ring in host memory (kernels_pallas/cpu/token_stream.cc: a mem
 engine takes the rows one per LLMEngine.step() call, waiting with the GIL released.
 
 CPU only (the ring is host memory the device's loop writes directly): None from `TokenStream.create` elsewhere, on a
-mesh, or without the CPU kernel library; blocks then deliver their rows at their end as before. What it does not
-change: a request that arrives during a block still waits for the block's end to be admitted.
+mesh, or without the CPU kernel library; blocks then deliver their rows at their end as before. A request that
+arrives during a streaming block need not wait for the block's end: the engine asks the block to end after the
+step it is running (`request_stop`: the device loop reads a stop word after each step, decode_loop.py), learns
+how many steps ran (`steps_run`) and gives the others back (core/multi_step.py `shorten_block`).
 """
 
 import ctypes
@@ -23,6 +25,7 @@ import numpy as np
 _positions = itertools.count()  # one counter for every stream of the process (see TokenStream.reserve)
 _FREE_RINGS: dict[tuple[int, int], list[np.ndarray]] = {}  # (cap, width): rings of dropped streams
 TAKE_TIMEOUT_US = 20_000  # one wait's slice: between slices the caller checks that the block is still running
+STOPPING_TIMEOUT_US = 1_000  # the slice for a block asked to end early (its next row may never come)
 
 
 class TokenStream:
@@ -36,7 +39,7 @@ class TokenStream:
         # stream's ring goes back to a pool for the next stream of its size: positions are unique, so a late write
         # there is never a row that stream waits for).
         free = _FREE_RINGS.setdefault((cap, width), [])
-        self.ring = free.pop() if free else np.zeros(cap + cap * width, np.int32)
+        self.ring = free.pop() if free else np.zeros(cap + cap * width + 1, np.int32)  # (+ the stop word)
         weakref.finalize(self, free.append, self.ring)
         addr = self.ring.ctypes.data
         self._addr = ctypes.c_void_p(addr)
@@ -74,8 +77,25 @@ class TokenStream:
         for _ in range(num_steps - 1):
             next(_positions)
         base %= 1 << 32
+        self.ring[-1] = np.uint32((base - 1) % (1 << 32)).view(np.int32)  # (no stop asked of it: a stale one cleared)
         meta = np.array([*self._meta_head, np.uint32(base).view(np.int32), self.cap, self.width], np.int32)
         return base, meta
+
+    def request_stop(self, handle) -> None:
+        """Ask the streaming block of `handle` to end after the step it is running (token_stream.cc's stop word: its
+        later rows stay -1, decode_loop.py); `steps_run` says where it ended. For a request that arrived: it should
+        not wait for the block's end to be admitted."""
+        handle.stop_requested = True
+        self.ring[-1] = np.uint32(handle.stream_base % (1 << 32)).view(np.int32)
+
+    @staticmethod
+    def steps_run(handle) -> int:
+        """How many steps the block of `handle` ran, once it ended (waits for it: the wait counts in
+        `handle.row_wait_s`)."""
+        t0 = time.perf_counter()
+        rows = np.asarray(handle.tokens)
+        handle.row_wait_s += time.perf_counter() - t0
+        return int((rows[:, 0] >= 0).sum())
 
     def next_row(self, handle) -> list[int] | None:
         """ModelRunner.fetch_row for the block of `handle` (a runner StepHandle with a `stream_base`): the next
@@ -84,7 +104,9 @@ class TokenStream:
         if j == 0:  # once per block: how a row's slots map to out.seqs (a decode block's is usually the identity)
             order = np.asarray(handle.order)
             handle.row_order = None if (order == np.arange(order.size)).all() else np.argsort(order)
-        row = self.take(handle.stream_base + j, len(handle.order), handle.tokens.is_ready)
+        # (a block asked to stop may end without this row: then check for its end every millisecond)
+        slice_us = STOPPING_TIMEOUT_US if handle.stop_requested else TAKE_TIMEOUT_US
+        row = self.take(handle.stream_base + j, len(handle.order), handle.tokens.is_ready, slice_us)
         handle.row_wait_s += time.perf_counter() - t0
         if row is None:
             handle.stream_base = None
@@ -92,13 +114,13 @@ class TokenStream:
         handle.rows_received = j + 1
         return row.tolist() if handle.row_order is None else row[handle.row_order].tolist()
 
-    def take(self, pos: int, n: int, done) -> np.ndarray | None:
+    def take(self, pos: int, n: int, done, slice_us: int = 0) -> np.ndarray | None:
         """The first `n` tokens of position `pos` once its step has run (a view, valid until the next take), or
         None when `done()` says the block ended without it (a failed program) or the row was lost."""
         take, ring, row = self._take, self._addr, self._row_addr
         pos %= 1 << 32
         while True:
-            got = take(ring, self.cap, self.width, pos, row, n, TAKE_TIMEOUT_US)
+            got = take(ring, self.cap, self.width, pos, row, n, slice_us or TAKE_TIMEOUT_US)
             if got == 1:
                 return self._row[:n]
             if got < 0 or done():

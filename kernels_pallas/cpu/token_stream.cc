@@ -8,7 +8,8 @@
 // this is a memcpy of one row and a futex wake.
 //
 // The ring is host memory the caller owns (a numpy int32 array, alive for the process): `cap` sequence words, then
-// `cap` rows of `width` int32. Step position p (a uint32 counter the host assigns, base + step) goes to slot
+// `cap` rows of `width` int32, then one stop word: the base position of a block the host asks to end early (a
+// request arrived: the loop ends after the step that reads it, and the engine gives the other steps back). Step position p (a uint32 counter the host assigns, base + step) goes to slot
 // p % cap; the slot's word is 0 while its row is written and p + 1 once it is complete (a seqlock: the reader
 // copies the row and checks the word again). The host keeps at most cap / 2 positions in flight, so a row is
 // never overwritten before it is read; a stale or overwritten row is reported, never returned.
@@ -43,12 +44,14 @@ inline int32_t* ring_row(int64_t addr, uint32_t cap, uint32_t width, uint32_t sl
 // meta [5] int32: the ring's address (low, high 32 bits; 0: streaming off, only the copy below), the block's
 // base position, cap, width. step: this step's index in the block. tokens [width]: its sampled tokens, returned as
 // they are: the loop uses the output, so the call is neither dropped nor marked as an effect (an effect would take
-// the program off jax's fast C++ dispatch path: ~0.9 ms per call here instead of ~0.3).
-ffi::Error StreamTokens(Vector meta, Scalar step, Vector tokens, ffi::Result<Vector> out) {
+// the program off jax's fast C++ dispatch path: ~0.9 ms per call here instead of ~0.3). stop: 1 if the host asked
+// this block to end after this step (the stop word holds its base), else 0.
+ffi::Error StreamTokens(Vector meta, Scalar step, Vector tokens, ffi::Result<Vector> out, ffi::Result<Scalar> stop) {
   if (meta.dimensions()[0] != 5) return ffi::Error::InvalidArgument("token stream meta must be [5] int32");
   if (out->dimensions()[0] != tokens.dimensions()[0])
     return ffi::Error::InvalidArgument("token stream: the output must be the tokens' shape");
   std::memcpy(out->typed_data(), tokens.typed_data(), tokens.dimensions()[0] * sizeof(int32_t));
+  stop->typed_data()[0] = 0;
   const int32_t* m = meta.typed_data();
   const int64_t addr = static_cast<int64_t>(static_cast<uint32_t>(m[0])) |
                        (static_cast<int64_t>(static_cast<uint32_t>(m[1])) << 32);
@@ -64,6 +67,8 @@ ffi::Error StreamTokens(Vector meta, Scalar step, Vector tokens, ffi::Result<Vec
   std::memcpy(ring_row(addr, cap, width, slot), tokens.typed_data(), width * sizeof(int32_t));
   __atomic_store_n(word, pos + 1u, __ATOMIC_RELEASE);
   syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+  const uint32_t* stop_word = ring_words(addr) + cap + static_cast<int64_t>(cap) * width;
+  stop->typed_data()[0] = __atomic_load_n(stop_word, __ATOMIC_ACQUIRE) == static_cast<uint32_t>(m[2]) ? 1 : 0;
   return ffi::Error::Success();
 }
 
@@ -76,6 +81,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(CbjaxCpuStreamTokens, cbjax_cpu::StreamTokens,
                                   .Arg<cbjax_cpu::Scalar>()  // the step's index in the block
                                   .Arg<cbjax_cpu::Vector>()  // the step's tokens [width]
                                   .Ret<cbjax_cpu::Vector>()  // the tokens, unchanged
+                                  .Ret<cbjax_cpu::Scalar>()  // 1: end the block after this step
 );
 
 // The host's side: wait until position `pos` of the ring at `ring` is complete, copy its first `n` tokens to

@@ -4,9 +4,10 @@ to their requests in one burst, when the block ends.
 Why: a streaming block's rows (cbjax/runner/token_stream.py) reach the host one per LLMEngine.step(), each after
 a wait of one device step, in which the step's compute has pushed the host's data out of the CPU caches. Applying a
 row of 64 tokens to 64 requests (Scheduler.update) then cost ~110 us at 64 sequences of llama-tiny on 2 cores,
-where the same work on warm caches costs about a third of that; building the row's 64 outputs ~50 us more. Measured
-by experiments/host_time.py: touching each request per row was most of a streaming block's host time, whatever the
-code that did it (writing the tokens alone cost ~90 us a row). Here a row only becomes outputs, built from lists
+where the same work on warm caches costs about a third of that; building the row's 64 outputs ~50 us more
+(`experiments.throughput --stream --host_split` while this was built, variants not kept): touching each request per
+row was most of a streaming block's host time, whatever the code that did it (writing the tokens alone, with no
+times or stop checks, still cost ~90 us a row). Here a row only becomes outputs, built from lists
 made once per block (ids, metrics, counts), and the rows are applied to the requests together when the block ends:
 the first row's touch of each request is cold, the rest warm.
 

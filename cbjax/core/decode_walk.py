@@ -12,13 +12,12 @@ scheduler's public state (pool, cache, config, policy) and the same fields of a 
 
 from collections.abc import Iterator
 
-from cbjax.core.policy import Policy
+from cbjax.core.policy import scheduled_hook
 from cbjax.core.request import PENDING_TOKEN, Request, RequestStatus
 from cbjax.core.scheduler_output import ScheduledSeq
 from cbjax.core.sorted_ranking import Ranking, visits
 
 _RUNNING = RequestStatus.RUNNING
-_NO_HOOK = Policy.on_scheduled
 
 
 def general_visits(sched, ranking: Ranking, step, drafting: bool) -> Iterator[tuple[Request, int]]:
@@ -41,9 +40,7 @@ def general_visits(sched, ranking: Ranking, step, drafting: bool) -> Iterator[tu
             if not _skipped(visit[0], step, max_len):
                 yield visit
         return
-    hook = policy.on_scheduled
-    if getattr(hook, "__func__", None) is _NO_HOOK:
-        hook = None  # the base class's hook does nothing: not called (a policy that overrides it is)
+    hook = scheduled_hook(policy)  # (None: the base class's, which does nothing; a policy that overrides it is called)
     preempted = step.preempted
     pool, G, choose = sched.pool, sched.cache.page_size, policy.choose_eviction
     out = step.out

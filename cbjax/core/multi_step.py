@@ -35,7 +35,7 @@ sequences").
 Kept out of scheduler.py, which calls `plan_decode_steps` with itself as `sched` (not imported here).
 """
 
-from cbjax.core.policy import Policy
+from cbjax.core.policy import scheduled_hook
 from cbjax.core.request import PENDING_TOKEN, FinishReason, RequestStatus
 from cbjax.core.scheduler_config import pages_for
 from cbjax.core.scheduler_output import SchedulerOutput
@@ -85,15 +85,13 @@ def plan_decode_steps(sched, out: SchedulerOutput) -> None:
     if new_pages and not pool.can_allocate(new_pages):
         return
     policy, now = sched.policy, out.time
-    hook = policy.on_scheduled
-    if getattr(hook, "__func__", None) is Policy.on_scheduled:
-        hook = None  # the base class's hook does nothing: not called (k - 1 calls per sequence)
+    hook = scheduled_hook(policy)  # (None: nothing to call, k - 1 times per sequence)
     for s, k, need in zip(seqs, steps, needs):
         req = s.request
         s.num_steps = k
         if need:
             req.pages.extend(pool.allocate(need, policy.choose_eviction))
-        if hook is not None:  # what `Scheduler._scheduled` does for a decode, once per further step
+        if hook is not None:  # what scheduling a decode does, once per further step
             for _ in range(k - 1):
                 hook(req, 1, now)  # (a hook may read the request: VTC reads its computed tokens)
                 req.num_computed_tokens += 1
@@ -113,7 +111,7 @@ def can_shorten_block(sched, out: SchedulerOutput) -> bool:
     not run were charged): no speculator (its proposer and draft model track the requests' tokens), no sample group
     or shared page (the pages a block gives back are its own tail pages), a policy whose `on_scheduled` does
     nothing (the steps were charged to it at once; VTC or MLFQ would keep the charge)."""
-    if sched.speculator is not None or getattr(sched.policy.on_scheduled, "__func__", None) is not Policy.on_scheduled:
+    if sched.speculator is not None or scheduled_hook(sched.policy) is not None:
         return False
     return all(s.request.group is None and not s.request.shares_pages for s in out.seqs)
 

@@ -170,3 +170,10 @@ class Policy:
 
     def next_event_time(self, running: Sequence[Request], waiting: Sequence[Request]) -> float | None:
         return None
+
+
+def scheduled_hook(policy) -> Callable[[Request, int, float], None] | None:
+    """`policy.on_scheduled`, or None where it is the base class's, which does nothing: the scheduler's loops skip
+    the call (once per scheduled token), and a block of decode steps may end early (it charged nothing per step)."""
+    hook = policy.on_scheduled
+    return None if getattr(hook, "__func__", None) is Policy.on_scheduled else hook

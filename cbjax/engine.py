@@ -390,8 +390,7 @@ class LLMEngine:
             return None
         eos, now = self.model_config.eos_token_id, self.clock.now()
         if step == 0 and self.stream_outputs:
-            completion = self.output_builder.completion
-            self._rows = StreamedRows.create(sched, handle.out, eos, self.stop_strings, completion)
+            self._rows = StreamedRows.create(sched, handle.out, eos, self.output_builder)
         kept = None
         if self._rows is not None:
             with timed("outputs") if timed else _NOT_TIMED:

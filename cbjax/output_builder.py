@@ -36,12 +36,16 @@ class OutputBuilder:
         self.requests, self.with_extras = requests, with_extras
         self._decode = None if tokenizer is None else tokenizer.decode  # (bound once: read per output)
 
+    def is_plain(self, req: Request) -> bool:
+        """Whether `req`'s outputs need nothing but its token ids (one completion: no sample group, no logprobs, no
+        stop strings): then a streamed output is a ReceivedOutput, or a pair of lists in bulk (`deltas`). The loops
+        over a step's requests below test the same, inline."""
+        return req.group is None and req.logprobs is None and req not in self.stop_strings.streams
+
     def outputs(self, changed: list[Request]) -> list[RequestOutput]:
         """One output per request in `changed` (in order of first appearance), with as many new tokens as it appears
         times: once per token received (several with speculation or a block of decode steps)."""
-        counts = dict.fromkeys(changed, 1)
-        if len(counts) != len(changed):
-            counts = collections.Counter(changed)
+        counts = _token_counts(changed)
         output, streams, complete = self.output, self.stop_strings.streams, self.completion
         outputs = []
         add = outputs.append
@@ -53,18 +57,17 @@ class OutputBuilder:
                 ]
             if r.status is _FINISHED or r.logprobs is not None or r in streams:
                 add(output(r, n))
-            else:  # `output`'s usual case, inline (once per request per streaming step)
+            else:  # `output`'s usual case, inline (once per request per streaming step: is_plain, unfinished)
                 add(ReceivedOutput(r, len(r.output_token_ids) - r.num_pending_tokens, n, None, False, complete))
         return outputs
 
     def deltas(self, changed: list[Request]) -> StepDeltas:
         """`outputs(changed)` in bulk: a plain request's one new token goes into two lists (no object per token), the
         rest are outputs as `outputs` builds them."""
-        counts = dict.fromkeys(changed, 1)
-        if len(counts) != len(changed):
-            counts = collections.Counter(changed)
+        counts = _token_counts(changed)
         streams, ids, tokens, rest = self.stop_strings.streams, [], [], []
         for r, n in counts.items():
+            # (is_plain and unfinished, inline: once per request per streaming step)
             if n == 1 and r.group is None and r.status is not _FINISHED and r.logprobs is None and r not in streams:
                 ids.append(r.request_id)
                 tokens.append(r.output_token_ids[len(r.output_token_ids) - r.num_pending_tokens - 1])
@@ -90,7 +93,7 @@ class OutputBuilder:
         reason = req.finish_reason
         reason = None if reason is None else reason.value
         n = len(req.output_token_ids) - req.num_pending_tokens  # what the host has received (known_output_token_ids)
-        if not sample and req.logprobs is None and req not in self.stop_strings.streams:
+        if not sample and self.is_plain(req):  # (req.group is None here: a group's outputs come as one above)
             return ReceivedOutput(req, n, num_new, reason, finished, self.completion)
         completion = self._completion_at_once(req, n, num_new, reason, finished)
         out = RequestOutput(req.request_id, req.prompt_token_ids, [completion], finished, req.metrics, req.error)
@@ -140,3 +143,9 @@ class OutputBuilder:
         if not p.ignore_eos and (t == mcfg.eos_token_id or t in mcfg.extra_eos_token_ids):
             return None
         return t if t in p.stop_token_ids else None
+
+
+def _token_counts(changed: list[Request]) -> dict[Request, int]:
+    """Each request of `changed` (in order of first appearance) -> how many times it appears: the tokens it got."""
+    counts = dict.fromkeys(changed, 1)
+    return counts if len(counts) == len(changed) else collections.Counter(changed)  # (a Counter only when needed)

@@ -45,6 +45,7 @@ class StreamedRows:
     with `create` at the block's first row; `keep` each row; `flush` before anything reads the requests."""
 
     def __init__(self, sched, out, eos_token_id, complete):
+        """`complete(request, num_received, num_new, finish_reason)`: the engine's completion builder."""
         self.sched, self.out, self.eos_token_id = sched, out, eos_token_id
         self.reqs, self.ids, self.metrics, self.received = reqs, ids, metrics, received = [], [], [], []
         self.stops = stops = set()
@@ -64,14 +65,12 @@ class StreamedRows:
         self._complete = complete
 
     @classmethod
-    def create(cls, sched, out, eos_token_id, stop_strings, complete) -> "StreamedRows | None":
-        """Rows for block `out`, or None where a request of it is not plain (see the module's docstring).
-        `complete(request, num_received, num_new, finish_reason)`: the engine's completion builder."""
-        for s in out.seqs:
-            r = s.request
-            if r.group is not None or r.logprobs is not None or r in stop_strings.streams or r.status is _FINISHED:
-                return None
-        return cls(sched, out, eos_token_id, complete)
+    def create(cls, sched, out, eos_token_id, builder) -> "StreamedRows | None":
+        """Rows for block `out`, or None where a request of it is finished or not plain (`builder`, the engine's
+        OutputBuilder, says: `is_plain`); its outputs' completions are the builder's."""
+        if any(s.request.status is _FINISHED or not builder.is_plain(s.request) for s in out.seqs):
+            return None
+        return cls(sched, out, eos_token_id, builder.completion)
 
     def keep(self, row: list[int], step: int, now: float, build: bool = True) -> list[RowOutput] | None:
         """The outputs of step `step`'s row (its tokens in out.seqs order), kept aside (`build` False: none built,

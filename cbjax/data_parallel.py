@@ -18,6 +18,7 @@ import jax
 
 from cbjax.config import validation as check
 from cbjax.core.clock import Clock, RealClock
+from cbjax.core.engine_wrappers import engines_switch, engines_total
 from cbjax.core.outputs import RequestOutput
 from cbjax.core.routers import make_router
 from cbjax.core.sampling_params import SamplingParams
@@ -61,15 +62,8 @@ class DataParallelEngine:
         self._owner: dict[str, int] = {}  # unfinished request id -> its replica
         self.num_routed = [0] * size  # requests each replica was given
 
-    @property
-    def stream_outputs(self) -> bool:
-        """As LLMEngine.stream_outputs, for every replica."""
-        return self.replicas[0].stream_outputs
-
-    @stream_outputs.setter
-    def stream_outputs(self, value: bool) -> None:
-        for replica in self.replicas:
-            replica.stream_outputs = value
+    stream_outputs = engines_switch("replicas", "stream_outputs", "As LLMEngine.stream_outputs, for every replica.")
+    stream_rows = engines_switch("replicas", "stream_rows", "As LLMEngine.stream_rows, for every replica.")
 
     @property
     def requests(self) -> collections.ChainMap:
@@ -117,9 +111,8 @@ class DataParallelEngine:
     def advances_clock(self) -> bool:
         return self.replicas[0].advances_clock
 
-    @property
-    def num_steps(self) -> int:
-        return sum(r.num_steps for r in self.replicas)
+    num_steps = engines_total("replicas", "num_steps", "Steps dispatched, by every engine.")
+    num_in_flight = engines_total("replicas", "num_in_flight", "As LLMEngine.num_in_flight, over every engine.")
 
     @property
     def buckets(self):

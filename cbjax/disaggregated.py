@@ -41,6 +41,7 @@ import jax
 
 from cbjax.config import validation as check
 from cbjax.core.clock import Clock, RealClock
+from cbjax.core.engine_wrappers import engines_switch, engines_total
 from cbjax.core.kv_handoff import KVHandoff, decode_request
 from cbjax.core.outputs import CompletionOutput, RequestOutput
 from cbjax.core.request import Request
@@ -163,14 +164,8 @@ class DisaggregatedEngine:
     def engines(self) -> list[LLMEngine]:
         return self.prefill + self.decode
 
-    @property
-    def stream_outputs(self) -> bool:
-        return self.decode[0].stream_outputs
-
-    @stream_outputs.setter
-    def stream_outputs(self, value: bool) -> None:
-        for e in self.engines:
-            e.stream_outputs = value
+    stream_outputs = engines_switch("engines", "stream_outputs", "As LLMEngine.stream_outputs, for every engine.")
+    stream_rows = engines_switch("engines", "stream_rows", "As LLMEngine.stream_rows, for every engine.")
 
     @property
     def requests(self) -> collections.ChainMap:
@@ -374,9 +369,8 @@ class DisaggregatedEngine:
     def advances_clock(self) -> bool:
         return False
 
-    @property
-    def num_steps(self) -> int:
-        return sum(e.num_steps for e in self.engines)
+    num_steps = engines_total("engines", "num_steps", "Steps dispatched, by every engine.")
+    num_in_flight = engines_total("engines", "num_in_flight", "As LLMEngine.num_in_flight, over every engine.")
 
     @property
     def buckets(self):

@@ -100,6 +100,9 @@ class LLMEngine:
         # False: `step` returns outputs only for requests that finished (a benchmark harness that reads each
         # request's result once); True: also one per request that got a token (streaming, the default).
         self.stream_outputs = True
+        # True: a block of decode steps streams its rows where the runner can, one per step(), so a request added
+        # meanwhile ends it after its running step; False (LLM.generate, where nothing arrives): a block comes whole.
+        self.stream_rows = True
 
     # ---- requests ---------------------------------------------------------------------------------------------
     def add_request(
@@ -152,25 +155,23 @@ class LLMEngine:
                 speculative=self.config.speculative is not None,
                 simulated=self.config.sim.enabled,
             )
+            total = len(tokens) + params.max_tokens
+            if len(tokens) > sched.max_model_len:
+                raise ValueError(f"prompt of {len(tokens)} tokens is longer than max_model_len={sched.max_model_len}")
+            if total > sched.max_model_len:
+                raise ValueError(
+                    f"prompt ({len(tokens)}) + max_tokens ({params.max_tokens}) "
+                    f"= {total} exceeds max_model_len={sched.max_model_len}"
+                )
+            if not self.scheduler.can_ever_fit(total):
+                raise ValueError(
+                    f"needs {-(-total // cache.page_size)} KV pages but the pool has only {cache.num_pages}"
+                )
         except ValueError as e:
             raise ValueError(where + str(e)) from None
-        total = len(tokens) + params.max_tokens
         if mcfg.extra_eos_token_ids and not params.ignore_eos:
             # The scheduler stops on one eos id; the checkpoint's other eos ids become stop tokens (same reason).
             params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + mcfg.extra_eos_token_ids)
-        if len(tokens) > sched.max_model_len:
-            raise ValueError(
-                f"{where}prompt of {len(tokens)} tokens is longer than max_model_len={sched.max_model_len}"
-            )
-        if total > sched.max_model_len:
-            raise ValueError(
-                f"{where}prompt ({len(tokens)}) + max_tokens ({params.max_tokens}) "
-                f"= {total} exceeds max_model_len={sched.max_model_len}"
-            )
-        if not self.scheduler.can_ever_fit(total):
-            raise ValueError(
-                f"{where}needs {-(-total // cache.page_size)} KV pages but the pool has only {cache.num_pages}"
-            )
         constraint = None  # compiled after every other check, so a refused request costs no grammar compile
         if params.structured is not None:
             eos_ids = [t for t in (mcfg.eos_token_id, *mcfg.extra_eos_token_ids) if t is not None]
@@ -258,6 +259,12 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._pending) or bool(self._in_flight)
 
+    @property
+    def num_in_flight(self) -> int:
+        """Steps dispatched and not yet received (a streaming block's until its last row): a step() call while one
+        is in flight receives something, whether or not it returns an output (a harness's test of progress)."""
+        return len(self._in_flight)
+
     # ---- the step ---------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule a step and start it on the device, then receive the results of the step before
@@ -265,18 +272,14 @@ class LLMEngine:
         block of decode steps streams its rows (runner/token_stream.py), a call instead receives the block's next
         step. Returns an output for each request that got a token or finished (its `new_token_ids` is the stream
         delta)."""
-        if self.timed is None:
-            return self._step(False)
-        with self.timed("step"):
+        with self.timed("step") if self.timed else _NOT_TIMED:
             return self._step(False)
 
     def step_deltas(self) -> StepDeltas:
         """`step()` read in bulk: the same iteration, its outputs as a StepDeltas (core/outputs.py): each plain
         request's one new token in two lists (request ids, token ids), without an object per token; every other
         output as `step()` returns it. For a server or a harness that streams every token."""
-        if self.timed is None:
-            return self._step(True)
-        with self.timed("step"):
+        with self.timed("step") if self.timed else _NOT_TIMED:
             return self._step(True)
 
     def _step(self, bulk: bool) -> "list[RequestOutput] | StepDeltas":
@@ -302,15 +305,12 @@ class LLMEngine:
             # on the host: receive them before packing the next step (async scheduling resumes once none runs).
             changed += self._receive(0, t0)
         before = scheduler_counters(sched)
-        if self.timed is None:
+        with self.timed("schedule") if self.timed else _NOT_TIMED:
             out = sched.schedule()
-        else:
-            with self.timed("schedule"):
-                out = sched.schedule()
         dispatched = out.seqs or out.swap_out or out.swap_in
         if dispatched:
-            if out.num_steps > 1:  # a block: its rows stream when the outputs do (where the runner can)
-                self.runner.stream_rows = self.stream_outputs
+            if out.num_steps > 1:  # a block: its rows stream where the runner can (and something may arrive)
+                self.runner.stream_rows = self.stream_rows
             handle = self.runner.dispatch(out)
             if out.num_steps > 1 and getattr(handle, "stream_base", None) is not None:
                 self._streaming = handle
@@ -331,11 +331,8 @@ class LLMEngine:
         (`bulk`: as a StepDeltas, for step_deltas())."""
         timed, build = self.timed, self.output_builder
         make = build.deltas if bulk else build.outputs
-        if timed is None:
+        with timed("outputs") if timed else _NOT_TIMED:
             outputs = make(changed) if changed else StepDeltas() if bulk else []
-        else:
-            with timed("outputs"):
-                outputs = make(changed) if changed else StepDeltas() if bulk else []
         if self._pending:
             (outputs.outputs if bulk else outputs).extend(build.output(r, 0) for r in self._pending)
             self._pending.clear()
@@ -357,11 +354,8 @@ class LLMEngine:
             if first:
                 sampled = sampled[first:]  # (the record adds the host and device time of the calls that took them)
                 host_s, device_s = handle.row_host_s, handle.row_wait_s
-            if self.timed is None:
+            with self.timed("update") if self.timed else _NOT_TIMED:
                 got = sched.update(handle.out, sampled, eos, now, first)
-            else:
-                with self.timed("update"):
-                    got = sched.update(handle.out, sampled, eos, now, first)
             if self._with_extras:
                 self._after_extras(got)
             if self.stop_strings:  # before the next step is scheduled: a request that met a stop string ends here
@@ -389,19 +383,21 @@ class LLMEngine:
             self._flush_rows()
             return None
         eos, now = self.model_config.eos_token_id, self.clock.now()
-        if step == 0 and self.stream_outputs:
+        if step == 0:
             self._rows = StreamedRows.create(sched, handle.out, eos, self.output_builder)
-        kept = None
+        kept, streamed = None, self.stream_outputs
         if self._rows is not None:
             with timed("outputs") if timed else _NOT_TIMED:
-                kept = self._rows.keep(row, step, now, build=not bulk)
+                kept = self._rows.keep(row, step, now, build=streamed and not bulk)
             self._rows = self._rows if kept is not None else None
         if kept is None:
             with timed("update") if timed else _NOT_TIMED:
                 got = sched.update(handle.out, (row,), eos, now, step)
             if self.stop_strings:
                 self.stop_strings.check(got)
-            outputs = self._outputs(got if self.stream_outputs else [r for r in got if r.status is _FINISHED], bulk)
+            outputs = self._outputs(got if streamed else [r for r in got if r.status is _FINISHED], bulk)
+        elif not streamed:  # (a kept row finishes no request: only the final outputs of aborted ones)
+            outputs = self._outputs([], bulk)
         elif bulk:  # every request of the block got this row's token (copies: the row is applied later)
             outputs = StepDeltas(list(self._rows.ids), list(row), self._outputs([]) if self._pending else [])
         else:

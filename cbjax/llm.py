@@ -103,6 +103,8 @@ class LLM:
         # Only finished outputs are kept: no output object per generated token (vLLM's offline generate asks for
         # final outputs only too). At 64 running sequences that was ~15% of the host's time per step.
         streamed, engine.stream_outputs = engine.stream_outputs, False
+        # Nothing arrives during the call: a block's rows come at its end (streaming them costs a wait per row).
+        rows, engine.stream_rows = engine.stream_rows, False
         bar = None
         try:
             if use_tqdm:
@@ -116,7 +118,7 @@ class LLM:
                         if bar is not None:
                             bar.update(1)
         finally:
-            engine.stream_outputs = streamed
+            engine.stream_outputs, engine.stream_rows = streamed, rows
             if bar is not None:
                 bar.close()
 

@@ -11,6 +11,10 @@ sleeps only when nothing runs. A request arriving during a streaming block asks 
 (cbjax/runner/token_stream.py); before that commit it waited for the block's end. Per run: TTFT and ITL
 percentiles (from each request's RequestMetrics), output tokens per second over the run, and the host's busy share
 (each step call's wall time less the device waits its step records hold, over the run's wall time).
+
+`--harness`: the same arrivals through the online harness instead (`cbjax.bench.online.run_online`, as the main job
+and every policy comparison run): `LLMEngine.step()` with final outputs only (`stream_outputs` off), the block's rows
+streaming all the same so that an arrival can end it (LLMEngine.stream_rows); TTFT and ITL from its request records.
 """
 
 import json
@@ -31,6 +35,7 @@ flags.DEFINE_integer("rounds", 2, "rounds; each runs every setting once")
 flags.DEFINE_integer("seed", 0, "arrivals and prompts")
 flags.DEFINE_string("lock", None, "flock held for each run (the machine's measurement lock)")
 flags.DEFINE_string("doc_data", None, "write the docs' data file here")
+flags.DEFINE_bool("harness", False, "run through the online harness (final outputs only) instead of a server's loop")
 FLAGS = flags.FLAGS
 
 
@@ -65,20 +70,55 @@ def run(engine, offsets: list[float], prompts: list[list[int]], tag: str) -> dic
             if out.finished:
                 finals[out.request_id] = out
     wall = time.perf_counter() - start
-    ttft = [o.metrics.first_token_time - o.metrics.arrival_time for o in finals.values()]
-    itl = [b - a for o in finals.values() for a, b in zip(o.metrics.token_times, o.metrics.token_times[1:])]
+    done = [o.metrics for o in finals.values()]
+    tokens = sum(len(o.outputs[0].token_ids) for o in finals.values())
+    return figures(done, tokens, wall, busy, records[first_record:])
+
+
+def run_harness(engine, offsets: list[float], prompts: list[list[int]], tag: str) -> dict:
+    """The workload through the online harness (run_online), each step() call timed as `run` times them."""
+    from cbjax.bench.online import run_online
+    from cbjax.bench.requests import WorkloadRequest
+
+    workload = [
+        WorkloadRequest(f"{tag}-{i}", t, tuple(p), FLAGS.output_len) for i, (t, p) in enumerate(zip(offsets, prompts))
+    ]
+    records, step, busy = engine.step_records, engine.step, [0.0]
+    first_record = len(records)
+
+    def timed_step():
+        k, t0 = len(records), time.perf_counter()
+        outputs = step()
+        busy[0] += time.perf_counter() - t0 - sum(r["device_s"] + r["swap_s"] for r in records[k:])
+        return outputs
+
+    engine.step = timed_step
+    try:
+        result = run_online(engine, workload)
+    finally:
+        del engine.step  # (the instance attribute: the class's method again)
+    done = [r for r in result.requests if r.completed]
+    assert len(done) == len(workload), "a request did not complete"
+    return figures(done, sum(r.output_len for r in done), result.wall_s, busy[0], records[first_record:])
+
+
+def figures(done: list, tokens: int, wall: float, busy: float, records: list[dict]) -> dict:
+    """A run's figures from its requests' times (RequestMetrics or RequestRecords: arrival, first token and token
+    times on one clock), its output tokens, wall time, host busy seconds and step records."""
+    ttft = [r.first_token_time - r.arrival_time for r in done]
+    itl = [b - a for r in done for a, b in zip(r.token_times, r.token_times[1:])]
     q = lambda xs, p: 1e3 * float(np.percentile(xs, p))
     return {
-        "requests": len(finals),
+        "requests": len(done),
         "wall_s": wall,
-        "output_throughput": sum(len(o.outputs[0].token_ids) for o in finals.values()) / wall,
+        "output_throughput": tokens / wall,
         "ttft_ms_p50": q(ttft, 50),
         "ttft_ms_p90": q(ttft, 90),
         "ttft_ms_p99": q(ttft, 99),
         "itl_ms_p50": q(itl, 50),
         "itl_ms_p99": q(itl, 99),
         "host_busy_share": busy / wall,
-        "blocks": sum(1 for r in records[first_record:] if r["decode_steps"] > 1),
+        "blocks": sum(1 for r in records if r["decode_steps"] > 1),
     }
 
 
@@ -97,8 +137,8 @@ def main(argv):
     for rnd in range(1, FLAGS.rounds + 1):
         for n in settings:
             with held(FLAGS.lock):
-                figures = run(engines[n], offsets, prompts, f"r{rnd}-n{n}")
-            runs.append({"num_scheduler_steps": n, "round": rnd, "pair": rnd, **figures})
+                measured = (run_harness if FLAGS.harness else run)(engines[n], offsets, prompts, f"r{rnd}-n{n}")
+            runs.append({"num_scheduler_steps": n, "round": rnd, "pair": rnd, **measured})
             print(json.dumps(runs[-1]), flush=True)
     for n in settings:
         mine = [r for r in runs if r["num_scheduler_steps"] == n]
@@ -109,7 +149,7 @@ def main(argv):
         command = (
             f"python -m experiments.arrivals_blocks --rate {FLAGS.rate:g} --requests {FLAGS.requests} "
             f"--prompt_len {FLAGS.prompt_len} --output_len {FLAGS.output_len} --steps {FLAGS.steps} "
-            f"--rounds {FLAGS.rounds} --seed {FLAGS.seed}"
+            f"--rounds {FLAGS.rounds} --seed {FLAGS.seed}" + (" --harness" if FLAGS.harness else "")
         )
         write_doc_data(FLAGS.doc_data, command=command, what=what, runs=runs)
 

@@ -196,13 +196,13 @@ def test_rows_a_stop_wastes_are_counted_as_when_the_block_comes_at_once(model, e
              for i, r in enumerate(ref)]  # fmt: skip
     wasted, tokens = [], []
     for streaming in (True, False):
-        engine.stream_outputs = streaming
+        engine.stream_rows = streaming
         first = len(engine.step_records)
         try:
             requests = {f"w{streaming}{i}": (p, q) for i, (p, q) in enumerate(zip(prompts, stops))}
             _, final, sizes = stream(engine, requests)
         finally:
-            engine.stream_outputs = True
+            engine.stream_rows = True
         if streaming:
             assert max(sizes) == 1
         wasted.append(sum(r["block_wasted_tokens"] for r in engine.step_records[first:]))
@@ -226,14 +226,16 @@ def test_rows_that_take_longer_than_a_wait_slice_still_arrive_one_per_step(model
     assert all(deltas[f"t{i}"] == ref[i] for i in range(3)) and max(sizes) == 1
 
 
-@pytest.mark.parametrize("read", ["delta", "bulk"])
+@pytest.mark.parametrize("read", ["delta", "bulk", "finished"])
 def test_a_request_arriving_during_a_block_ends_it_after_its_running_step(model, engine, read, monkeypatch):
     """The block is asked to stop (its device loop reads the ring's stop word after each step): the new request is
     scheduled once the rows the block ran are taken, not at its planned end; the steps it did not run are given
     back (pending tokens, computed counts, pages: none leaks), and every token equals the full-forward reference.
     The request comes as the block is dispatched (the runner's on_dispatch hook), and the stop word is set as its
     positions are reserved, before its program starts: a step of this tiny model is too quick (and a small program
-    may even run within its launch) for the test to rely on the device still running when the hook asks."""
+    may even run within its launch) for the test to rely on the device still running when the hook asks.
+    "finished": with stream_outputs off (the online harness's way: final outputs only) the rows stream all the same,
+    so that an arrival can end a block."""
     prompts, _ = random_workload(5, seed=17, vocab=model.cfg.vocab_size, prompt_range=(4, 30))
     greedy = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     ref = greedy_reference(model, prompts, [40] * 5, width=MAX_MODEL_LEN)
@@ -242,7 +244,8 @@ def test_a_request_arriving_during_a_block_ends_it_after_its_running_step(model,
         engine.add_request(rid, p, greedy)
     blocks, waited, tokens = [], 0, {}
     ts, reserve = engine.runner.token_stream, engine.runner.token_stream.reserve
-    armed = lambda num_steps: not blocks and len(tokens.get(ids[0], [])) > 8 and num_steps == 4
+    first = engine.requests[ids[0]]
+    armed = lambda num_steps: not blocks and len(first.output_token_ids) > 8 and num_steps == 4
 
     def reserve_stopped(num_steps):  # the target block's stop word set before its first step
         base, meta = reserve(num_steps)
@@ -257,21 +260,27 @@ def test_a_request_arriving_during_a_block_ends_it_after_its_running_step(model,
 
     monkeypatch.setattr(ts, "reserve", reserve_stopped)
     monkeypatch.setattr(engine.runner, "on_dispatch", on_dispatch)
+    monkeypatch.setattr(engine, "stream_outputs", read != "finished")
     while engine.has_unfinished_requests():
         for rid, new in read_step(engine, read):
             tokens.setdefault(rid, []).extend(new)
         if blocks and ids[4] in engine.requests and engine.requests[ids[4]].num_computed_tokens == 0:
             waited += 1
+    (block,) = blocks  # (none: the block did not stream its rows)
     check_clean(engine, compiles)
     assert [tokens[rid] for rid in ids] == ref
-    (block,) = blocks
     assert block.stop_requested and block.out.num_steps == 1, "the block did not end after its first step"
     # It waited for the call that dispatched the block and the one that took its one row; the next scheduled it.
     assert waited == 2
 
 
 def read_step(engine, read: str) -> list[tuple[str, list[int]]]:
-    """One step's deltas, (request id, new tokens) each: by `step()` and `stream_delta()`, or by step_deltas()."""
+    """One step's deltas, (request id, new tokens) each: by `step()` and `stream_delta()`, by step_deltas(), or
+    ("finished", stream_outputs off) each finished request's tokens."""
+    if read == "finished":
+        outputs = engine.step()
+        assert all(o.finished for o in outputs), "an unfinished request's output with stream_outputs off"
+        return [(o.request_id, o.outputs[0].token_ids) for o in outputs]
     if read != "bulk":
         return [(o.request_id, o.stream_delta()) for o in engine.step()]
     bulk = engine.step_deltas()

@@ -261,8 +261,10 @@ class _OnlineRun:
 
     # ---- the loop -----------------------------------------------------------------------------------------------
     def step(self) -> bool:
-        """One engine step; False when nothing ran (a static batch is still waiting to fill)."""
-        steps_before = self.engine.num_steps
+        """One engine step; False when nothing ran (a static batch is still waiting to fill). A call that took a row
+        of a streaming block (LLMEngine.stream_rows) dispatched nothing and, final outputs only, may return nothing:
+        it still received what was in flight, so it counts as having run."""
+        steps_before, in_flight = self.engine.num_steps, self.engine.num_in_flight
         self.step_started = time.perf_counter()
         outputs = self.engine.step()
         for out in outputs:
@@ -270,8 +272,8 @@ class _OnlineRun:
             if out.finished:
                 self.finished[out.request_id] = out
                 self.pending.finished(self.by_id[out.request_id], out, self.t0)  # a session's next turn
-        ran = self.engine.num_steps > steps_before
-        if ran:
+        dispatched = self.engine.num_steps > steps_before
+        if dispatched:
             self.num_steps += 1
             if self.on_step is not None:
                 self.on_step(
@@ -279,7 +281,7 @@ class _OnlineRun:
                         self.num_steps, len(self.submitted) + len(self.refused), len(self.finished) + len(self.refused)
                     )
                 )
-        return ran or bool(outputs)
+        return dispatched or in_flight > 0 or bool(outputs)
 
     def loop(self) -> None:
         """Run until every request has finished, or until the horizon (then returns True)."""

@@ -13,9 +13,9 @@ to the next one by the runner itself) before it calls `fetch` on the older handl
 returns its sampled tokens on the host. Handles are fetched in the order they were dispatched, each exactly once.
 
 One optional extra: before dispatching a block of decode steps the engine sets `runner.stream_rows` (whether its
-outputs stream); a handle with a `stream_base` that is not None streams its rows, and the engine then takes them
-one per step() through `runner.fetch_row(handle)` before `fetch` returns the rest (ModelRunner on the CPU:
-cbjax/runner/token_stream.py). A runner whose handles have no `stream_base` needs neither.
+rows should stream: LLMEngine.stream_rows); a handle with a `stream_base` that is not None streams its rows, and the
+engine then takes them one per step() through `runner.fetch_row(handle)` before `fetch` returns the rest
+(ModelRunner on the CPU: cbjax/runner/token_stream.py). A runner whose handles have no `stream_base` needs neither.
 """
 
 from collections.abc import Sequence

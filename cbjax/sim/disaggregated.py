@@ -34,6 +34,7 @@ than `add_request`, which would make a fresh request with nothing computed.
 import dataclasses
 import heapq
 
+from cbjax.core.engine_wrappers import engines_switch
 from cbjax.core.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from cbjax.core.request import Request
 from cbjax.core.routers import make_router
@@ -98,15 +99,11 @@ class DisaggregatedSim(SimulatedEngines):
         for e in self.prefill:  # a prefill engine's outputs are read once, when its part is done
             e.stream_outputs = False
 
-    @property
-    def stream_outputs(self) -> bool:
-        """As LLMEngine.stream_outputs, for the decode engines (prefill engines report only what they finish)."""
-        return self.decode[0].stream_outputs
-
-    @stream_outputs.setter
-    def stream_outputs(self, value: bool) -> None:
-        for e in self.decode:
-            e.stream_outputs = value
+    stream_outputs = engines_switch(
+        "decode",
+        "stream_outputs",
+        "As LLMEngine.stream_outputs, for the decode engines (prefill engines report only what they finish).",
+    )
 
     # ---- requests -----------------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt, params: SamplingParams | None = None, arrival_time=None, **extra):

@@ -12,6 +12,7 @@ engine given work starts at the run's time (its clock waited at the end of its l
 """
 
 from cbjax.core.clock import VirtualClock
+from cbjax.core.engine_wrappers import engines_switch, engines_total
 from cbjax.core.routers import make_router
 from cbjax.core.sampling_params import SamplingParams
 from cbjax.sim.sim_runner import SimRunner
@@ -99,9 +100,8 @@ class SimulatedEngines:
                                "timeout, is not supported)")  # fmt: skip
         return outputs + self._stepped(engine, got)
 
-    @property
-    def num_steps(self) -> int:
-        return sum(e.num_steps for e in self.engines)
+    num_steps = engines_total("engines", "num_steps", "Steps dispatched, by every engine.")
+    num_in_flight = engines_total("engines", "num_in_flight", "As LLMEngine.num_in_flight, over every engine.")
 
     @property
     def step_records(self) -> list[dict]:
@@ -126,14 +126,7 @@ class ReplicatedSim(SimulatedEngines):
         super().__init__(engines)
         self.router = make_router(router)
 
-    @property
-    def stream_outputs(self) -> bool:
-        return self.engines[0].stream_outputs
-
-    @stream_outputs.setter
-    def stream_outputs(self, value: bool) -> None:
-        for e in self.engines:
-            e.stream_outputs = value
+    stream_outputs = engines_switch("engines", "stream_outputs", "As LLMEngine.stream_outputs, for every replica.")
 
     def add_request(self, request_id: str, prompt, params: SamplingParams | None = None, arrival_time=None, **extra):
         """As LLMEngine.add_request; the router picks the replica."""

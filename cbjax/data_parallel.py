@@ -112,7 +112,7 @@ class DataParallelEngine:
         return self.replicas[0].advances_clock
 
     num_steps = engines_total("replicas", "num_steps", "Steps dispatched, by every engine.")
-    num_in_flight = engines_total("replicas", "num_in_flight", "As LLMEngine.num_in_flight, over every engine.")
+    num_rows_received = engines_total("replicas", "num_rows_received", "As LLMEngine.num_rows_received, summed.")
 
     @property
     def buckets(self):

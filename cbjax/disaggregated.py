@@ -370,7 +370,7 @@ class DisaggregatedEngine:
         return False
 
     num_steps = engines_total("engines", "num_steps", "Steps dispatched, by every engine.")
-    num_in_flight = engines_total("engines", "num_in_flight", "As LLMEngine.num_in_flight, over every engine.")
+    num_rows_received = engines_total("engines", "num_rows_received", "As LLMEngine.num_rows_received, summed.")
 
     @property
     def buckets(self):

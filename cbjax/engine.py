@@ -87,6 +87,9 @@ class LLMEngine:
         self.step_records: list[dict] = []
         self._in_flight: collections.deque = collections.deque()  # (StepHandle, its scheduler counters), oldest first
         self.num_steps = 0  # steps dispatched
+        # Rows of streaming blocks taken, each by a step() call that dispatched nothing (and, with stream_outputs off,
+        # may return nothing): with num_steps, how a harness tells a call that did something from an idle one.
+        self.num_rows_received = 0
         self._streaming = None  # the block in flight whose rows stream (runner/token_stream.py), rows left to take
         self._rows: StreamedRows | None = None  # its rows handed out but not yet applied (streamed_rows.py)
         # Called after the model ran and before its tokens are stamped with the clock's time: a simulation moves
@@ -139,7 +142,7 @@ class LLMEngine:
                 raise ValueError(where + problem)
         mcfg, sched, cache = self.model_config, self.config.scheduler, self.config.cache
         try:
-            tokens = self._prompt_token_ids(prompt)
+            tokens = check.prompt_token_ids(prompt, self.tokenizer, mcfg.vocab_size)
             check.token_ids("stop_token_ids", params.stop_token_ids, mcfg.vocab_size)
             priority = check.integer("priority", priority)
             tenant = check.text("tenant", tenant, empty=True)
@@ -208,17 +211,6 @@ class LLMEngine:
         if handle is not None and not handle.stop_requested and can_shorten_block(self.scheduler, handle.out):
             self.runner.token_stream.request_stop(handle)
 
-    def _prompt_token_ids(self, prompt) -> list[int]:
-        """A prompt's token ids: text (with a tokenizer) or a sequence of integer ids in the vocabulary."""
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("text prompts need a tokenizer; this model has none, pass token ids")
-            prompt = self.tokenizer.encode(prompt)
-        tokens = check.token_ids("prompt", prompt, self.model_config.vocab_size)
-        if not tokens:
-            raise ValueError("empty prompt")
-        return tokens
-
     def adopt_request(self, req: Request, num_pages: int) -> list[int] | None:
         """Take over `req`, which another engine of the same model and options checked, prefilled and sampled the
         first token of (disaggregated serving, cbjax/disaggregated.py): it joins the running set at once with
@@ -259,12 +251,6 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._pending) or bool(self._in_flight)
 
-    @property
-    def num_in_flight(self) -> int:
-        """Steps dispatched and not yet received (a streaming block's until its last row): a step() call while one
-        is in flight receives something, whether or not it returns an output (a harness's test of progress)."""
-        return len(self._in_flight)
-
     # ---- the step ---------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule a step and start it on the device, then receive the results of the step before
@@ -272,14 +258,18 @@ class LLMEngine:
         block of decode steps streams its rows (runner/token_stream.py), a call instead receives the block's next
         step. Returns an output for each request that got a token or finished (its `new_token_ids` is the stream
         delta)."""
-        with self.timed("step") if self.timed else _NOT_TIMED:
+        if self.timed is None:
+            return self._step(False)
+        with self.timed("step"):
             return self._step(False)
 
     def step_deltas(self) -> StepDeltas:
         """`step()` read in bulk: the same iteration, its outputs as a StepDeltas (core/outputs.py): each plain
         request's one new token in two lists (request ids, token ids), without an object per token; every other
         output as `step()` returns it. For a server or a harness that streams every token."""
-        with self.timed("step") if self.timed else _NOT_TIMED:
+        if self.timed is None:
+            return self._step(True)
+        with self.timed("step"):
             return self._step(True)
 
     def _step(self, bulk: bool) -> "list[RequestOutput] | StepDeltas":
@@ -305,8 +295,11 @@ class LLMEngine:
             # on the host: receive them before packing the next step (async scheduling resumes once none runs).
             changed += self._receive(0, t0)
         before = scheduler_counters(sched)
-        with self.timed("schedule") if self.timed else _NOT_TIMED:
+        if self.timed is None:
             out = sched.schedule()
+        else:
+            with self.timed("schedule"):
+                out = sched.schedule()
         dispatched = out.seqs or out.swap_out or out.swap_in
         if dispatched:
             if out.num_steps > 1:  # a block: its rows stream where the runner can (and something may arrive)
@@ -331,8 +324,11 @@ class LLMEngine:
         (`bulk`: as a StepDeltas, for step_deltas())."""
         timed, build = self.timed, self.output_builder
         make = build.deltas if bulk else build.outputs
-        with timed("outputs") if timed else _NOT_TIMED:
+        if timed is None:
             outputs = make(changed) if changed else StepDeltas() if bulk else []
+        else:
+            with timed("outputs"):
+                outputs = make(changed) if changed else StepDeltas() if bulk else []
         if self._pending:
             (outputs.outputs if bulk else outputs).extend(build.output(r, 0) for r in self._pending)
             self._pending.clear()
@@ -354,8 +350,11 @@ class LLMEngine:
             if first:
                 sampled = sampled[first:]  # (the record adds the host and device time of the calls that took them)
                 host_s, device_s = handle.row_host_s, handle.row_wait_s
-            with self.timed("update") if self.timed else _NOT_TIMED:
+            if self.timed is None:
                 got = sched.update(handle.out, sampled, eos, now, first)
+            else:
+                with self.timed("update"):
+                    got = sched.update(handle.out, sampled, eos, now, first)
             if self._with_extras:
                 self._after_extras(got)
             if self.stop_strings:  # before the next step is scheduled: a request that met a stop string ends here
@@ -382,6 +381,7 @@ class LLMEngine:
         if row is None:
             self._flush_rows()
             return None
+        self.num_rows_received += 1
         eos, now = self.model_config.eos_token_id, self.clock.now()
         if step == 0:
             self._rows = StreamedRows.create(sched, handle.out, eos, self.output_builder)

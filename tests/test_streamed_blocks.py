@@ -287,3 +287,25 @@ def read_step(engine, read: str) -> list[tuple[str, list[int]]]:
     return [*zip(bulk.request_ids, ([t] for t in bulk.token_ids))] + [
         (o.request_id, o.stream_delta()) for o in bulk.outputs
     ]
+
+
+def test_the_online_harness_runs_streaming_blocks_to_the_reference_tokens(model, engine, monkeypatch):
+    """The online harness (cbjax/bench/online.py) reads final outputs only (stream_outputs off); a block's rows
+    stream all the same (LLMEngine.stream_rows), so that an arrival can end it. A call that takes a row then returns
+    nothing while the block is still in flight, and the harness must count it as progress (it once took it for an
+    idle engine and stopped: "online loop stalled"). Requests arriving over the run get the reference tokens."""
+    from cbjax.bench.online import run_online
+    from cbjax.bench.requests import WorkloadRequest
+
+    prompts, _ = random_workload(6, seed=23, vocab=model.cfg.vocab_size, prompt_range=(4, 30))
+    ref = greedy_reference(model, prompts, [24] * 6, width=MAX_MODEL_LEN)
+    workload = [WorkloadRequest(f"h{i}", 0.003 * i, tuple(p), 24) for i, p in enumerate(prompts)]
+    compiles, rows, fetch_row = engine.num_compiles, [], engine.runner.fetch_row
+    monkeypatch.setattr(engine.runner, "fetch_row", lambda handle: rows.append(handle) or fetch_row(handle))
+    try:
+        result = run_online(engine, workload)
+    finally:
+        engine.stream_outputs = True
+    assert rows, "no block streamed its rows"
+    assert [result.output_token_ids[f"h{i}"] for i in range(6)] == ref
+    check_clean(engine, compiles)

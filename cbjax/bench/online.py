@@ -263,8 +263,9 @@ class _OnlineRun:
     def step(self) -> bool:
         """One engine step; False when nothing ran (a static batch is still waiting to fill). A call that took a row
         of a streaming block (LLMEngine.stream_rows) dispatched nothing and, final outputs only, may return nothing:
-        it still received what was in flight, so it counts as having run."""
-        steps_before, in_flight = self.engine.num_steps, self.engine.num_in_flight
+        it ran all the same (the block goes on; the next call takes its next row)."""
+        engine = self.engine
+        steps_before, rows_before = engine.num_steps, engine.num_rows_received
         self.step_started = time.perf_counter()
         outputs = self.engine.step()
         for out in outputs:
@@ -281,7 +282,7 @@ class _OnlineRun:
                         self.num_steps, len(self.submitted) + len(self.refused), len(self.finished) + len(self.refused)
                     )
                 )
-        return dispatched or in_flight > 0 or bool(outputs)
+        return dispatched or bool(outputs) or engine.num_rows_received > rows_before
 
     def loop(self) -> None:
         """Run until every request has finished, or until the horizon (then returns True)."""

@@ -129,6 +129,19 @@ def token_ids(name: str, value, vocab_size: int | None = None) -> list[int]:
     return ids
 
 
+def prompt_token_ids(prompt, tokenizer, vocab_size: int) -> list[int]:
+    """A prompt's token ids: text (encoded by `tokenizer`, which must exist) or a sequence of integer ids in the
+    vocabulary; not empty."""
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise ValueError("text prompts need a tokenizer; this model has none, pass token ids")
+        prompt = tokenizer.encode(prompt)
+    tokens = token_ids("prompt", prompt, vocab_size)
+    if not tokens:
+        raise ValueError("empty prompt")
+    return tokens
+
+
 def _is_sequence(value) -> bool:
     if type(value) in (list, tuple) or isinstance(value, Sequence):  # (exact types first: no ABC check)
         return True

@@ -101,7 +101,7 @@ class SimulatedEngines:
         return outputs + self._stepped(engine, got)
 
     num_steps = engines_total("engines", "num_steps", "Steps dispatched, by every engine.")
-    num_in_flight = engines_total("engines", "num_in_flight", "As LLMEngine.num_in_flight, over every engine.")
+    num_rows_received = engines_total("engines", "num_rows_received", "As LLMEngine.num_rows_received, summed.")
 
     @property
     def step_records(self) -> list[dict]:

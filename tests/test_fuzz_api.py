@@ -1,4 +1,5 @@
-"""Fuzzing the public API with random values of random types (hypothesis).
+"""Fuzzing the engine's public API with random values of random types (hypothesis); the options alone are fuzzed in
+tests/test_fuzz_options.py, structured-output specs in tests/test_fuzz_structured.py.
 
 Every call either succeeds with correct results or raises ValueError; no other exception escapes. Only bad input
 may raise, at submission (add_request, abort_request, a malformed generate call before anything is queued):
@@ -7,124 +8,23 @@ reaches Python as a ValueError).
 After each case the page pool is whole again, nothing is left in the engine, and a good greedy request, served
 alongside whatever the case left running, still gets exactly the full-forward tokens.
 
-CI runs a few hundred cases; a long hunt runs many more with the same tests:
-  CBJAX_FUZZ_EXAMPLES=20000 JAX_PLATFORMS=cpu python -m pytest -q tests/test_fuzz_api.py
+CI runs a few hundred cases; a long hunt runs many more (tests/fuzz_values.py says how).
 """
 
 import math
-import os
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from cbjax import LLM, LLMEngine, SamplingParams
-from cbjax.config.validation import is_integer
-from cbjax.engine_config import EngineConfig
 from cbjax.model import get_model_config, init_model
+from tests.fuzz_values import FUZZ, VOCAB, junk, maybe, sampling_kwargs
 from tests.helpers import drain, greedy_reference
 
-EXAMPLES = int(os.environ.get("CBJAX_FUZZ_EXAMPLES", "0")) or None
-FUZZ = settings(
-    max_examples=EXAMPLES or 150,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-    derandomize=EXAMPLES is None,  # CI: the same cases every run; a long hunt explores
-)
-VOCAB = 512  # test-tiny
 ENGINE = dict(max_num_seqs=4, max_num_batched_tokens=32, page_size=8, num_pages=24, max_model_len=64)
 GOOD_PROMPT, GOOD_TOKENS = [7, 8, 9, 10], 6
-
-# Anything a user might pass by mistake: every Python type the API meets, numpy scalars and arrays, odd floats.
-junk = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(-(2**70), 2**70),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=6),
-    st.binary(max_size=4),
-    st.lists(st.integers(-3, VOCAB + 3), max_size=5),
-    st.lists(st.floats(allow_nan=True), max_size=3),
-    st.tuples(st.integers(0, 9), st.text(max_size=2)),
-    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
-    st.builds(np.int64, st.integers(-20, 600)),
-    st.builds(np.float32, st.floats(-3, 3, width=32)),
-    st.builds(np.bool_, st.booleans()),
-    st.builds(lambda xs: np.array(xs), st.lists(st.integers(0, 600), max_size=4)),
-    st.builds(lambda xs: np.array(xs), st.lists(st.floats(0, 9), max_size=3)),
-    st.just(object()),
-)
-
-
-def maybe(valid):
-    """Mostly plausible values, sometimes junk."""
-    return st.one_of(valid, valid, junk)
-
-
-sampling_kwargs = st.fixed_dictionaries(
-    {},
-    optional={
-        "max_tokens": maybe(st.integers(-2, 12)),
-        "temperature": maybe(st.sampled_from([0.0, 0.0, 0.5, 1.0, 2.0, 1e-30, 1e30])),
-        "top_p": maybe(st.floats(0.0, 1.2)),
-        "top_k": maybe(st.integers(-2, 600)),
-        "seed": maybe(st.integers(-1, 2**32)),
-        "stop_token_ids": maybe(st.lists(st.integers(-1, VOCAB + 1), max_size=3)),
-        "ignore_eos": maybe(st.booleans()),
-    },
-)
-
-
-def check_sampling_params(sp: SamplingParams) -> None:
-    """What a SamplingParams that was built must hold."""
-    assert is_integer(sp.max_tokens) and type(sp.max_tokens) is int and sp.max_tokens >= 1
-    assert type(sp.temperature) is float and math.isfinite(sp.temperature) and sp.temperature >= 0
-    assert type(sp.top_p) is float and 0 < sp.top_p <= 1
-    assert type(sp.top_k) is int and sp.top_k >= -1
-    assert sp.seed is None or (type(sp.seed) is int and 0 <= sp.seed < 2**32)
-    assert isinstance(sp.stop_token_ids, tuple) and all(type(t) is int and t >= 0 for t in sp.stop_token_ids)
-    assert type(sp.ignore_eos) is bool
-    hash(sp)
-
-
-@FUZZ
-@given(sampling_kwargs)
-def test_sampling_params_build_or_raise_value_error(kwargs):
-    try:
-        sp = SamplingParams(**kwargs)
-    except ValueError:
-        return
-    check_sampling_params(sp)
-
-
-ENGINE_FIELDS = EngineConfig.option_defaults()
-engine_kwargs = st.dictionaries(
-    st.sampled_from([*ENGINE_FIELDS, "bogus_option"]),
-    st.one_of(
-        junk, st.integers(0, 64), st.sampled_from(["fcfs", "swap", "recompute", "xla", "auto", "full", "float32"])
-    ),
-    max_size=4,
-)
-
-
-@FUZZ
-@given(engine_kwargs)
-def test_engine_config_builds_or_raises_value_error(kwargs):
-    kwargs.pop("compilation_cache", None)  # a random string is a folder it would create; checked in test_engine_api
-    try:
-        cfg = EngineConfig.from_options(kwargs)
-    except ValueError:
-        return
-    options = cfg.options()
-    for name, value in kwargs.items():  # what was given is what is stored, as a plain Python value
-        stored = options[name]
-        assert (
-            stored == value
-            or (isinstance(stored, float) and math.isclose(stored, float(value)))  # a huge int, as a float
-            or (name == "policy_options" and not value and stored is None)
-        )
-        assert not isinstance(stored, np.generic)
 
 
 @pytest.fixture(scope="module")
@@ -242,142 +142,6 @@ def test_generate_serves_every_good_prompt_and_reports_the_bad_ones(engine, good
         assert outs[-1].outputs[0].token_ids == good_tokens
     assert not engine.requests and not engine.has_unfinished_requests()
     assert engine.scheduler.pool.num_free == engine.scheduler.pool.num_pages
-
-
-# ---- structured output: random specs compiled for tinypy's tokenizer (cbjax/structured/) ----
-LEAF_SCHEMAS = [
-    {"type": "string"}, {"type": "integer", "minimum": 3}, {"type": "number"}, {"type": "boolean"}, {"type": "null"},
-    {}, {"type": "bogus"}, {"enum": [1, "a", None]}, {"const": "x"}, {"type": "string", "maxLength": 2},
-    {"type": "string", "pattern": "^a+$"}, {"type": "string", "format": "email"},
-]  # fmt: skip
-
-
-def schema_text(schema) -> str:
-    import json
-
-    return json.dumps(schema)
-
-
-schemas = st.recursive(
-    st.sampled_from(LEAF_SCHEMAS),
-    lambda inner: st.one_of(
-        st.dictionaries(st.text(max_size=3), inner, max_size=3).map(lambda p: {"type": "object", "properties": p}),
-        inner.map(lambda i: {"type": "array", "items": i, "maxItems": 3}),
-        st.lists(inner, min_size=1, max_size=3).map(lambda xs: {"anyOf": xs}),
-    ),
-    max_leaves=6,
-)
-REGEX_PIECES = ["a", "b+", "[0-9]", "(a|bc)", ".", r"\d{1,2}", "x?", "[^a]", " ", "\n"]
-BROKEN_REGEX_PIECES = ["(", "]", "{2}", "*", "\\", "a{3,1}"]
-regex_texts = st.one_of(
-    st.lists(st.sampled_from(REGEX_PIECES), max_size=5).map("".join),
-    st.lists(st.sampled_from(REGEX_PIECES + BROKEN_REGEX_PIECES), max_size=4).map("".join),
-    st.text(max_size=8),
-)
-LARK_ITEMS = ['"a"', '"bc"', "/[0-9]+/", "x", "|", "(", ")", "*", "?", '"\\n"', "%ignore", ""]
-lark_texts = st.one_of(
-    st.lists(st.sampled_from(LARK_ITEMS), max_size=5).map(lambda body: "start: " + " ".join(body) + '\nx: "y"'),
-    st.text(max_size=16),
-)
-structured_specs = st.one_of(
-    st.tuples(st.just("json"), st.one_of(schemas, schemas.map(schema_text), junk)),
-    st.tuples(st.just("regex"), maybe(regex_texts)),
-    st.tuples(st.just("choice"), maybe(st.lists(st.text(max_size=5), max_size=3))),
-    st.tuples(st.just("grammar"), maybe(lark_texts)),
-    st.tuples(st.just("json_object"), maybe(st.just(True))),
-)
-
-
-@pytest.fixture(scope="module")
-def structured_compiler():
-    from cbjax.model.registry import packaged_model_path
-    from cbjax.model.tokenizer import Tokenizer
-    from cbjax.structured.compiler import GrammarCompiler
-
-    tok = Tokenizer.from_dir(packaged_model_path("tinypy"))
-    return GrammarCompiler(tok, tok.vocab_size + 40, [0])  # 40 ids past the tokenizer's: never allowed
-
-
-@FUZZ
-@given(structured_specs, st.lists(st.integers(0, 2**31), max_size=10), st.integers(0, 12))
-def test_structured_spec_compiles_or_raises_value_error_and_masks_hold(structured_compiler, spec, picks, back):
-    """A random spec is a ValueError or a constraint whose masks never allow an id past the tokenizer's, that
-    takes every token its mask allows, refuses (unchanged) a token it does not, and rolls back to earlier masks."""
-    from cbjax.core.structured_outputs import StructuredOutputs
-    from tests.structured.reference import allowed_tokens
-
-    kind, value = spec
-    try:
-        c = structured_compiler.constraint(StructuredOutputs(**{kind: value}))
-    except ValueError:
-        return
-    V = structured_compiler.vocab_size
-    masks = []
-    for pick in picks:
-        mask = allowed_tokens(c, V)
-        assert not mask[V - 40 :].any()
-        masks.append(mask)
-        if not mask.any():
-            break
-        refused = np.flatnonzero(~mask)
-        if len(refused):
-            with pytest.raises(ValueError, match="structured output"):
-                c.accept([int(refused[pick % len(refused)])])
-            assert (allowed_tokens(c, V) == mask).all()
-        ok = np.flatnonzero(mask)
-        c.accept([int(ok[pick % len(ok)])])
-    back = min(back, c.num_accepted)
-    c.rollback(back)
-    if back and c.num_accepted < len(masks):
-        assert (allowed_tokens(c, V) == masks[c.num_accepted]).all()
-
-
-# ---- the server's request bodies: every option parsed, mapped to SamplingParams, or refused (a 400) ----
-def _server_bodies():
-    from cbjax.serve.protocol import CHAT_FIELDS, COMPLETION_FIELDS
-
-    plausible = st.one_of(
-        st.integers(-3, 6),
-        st.floats(-3, 3),
-        st.booleans(),
-        st.none(),
-        st.lists(st.text(max_size=3), max_size=3),
-        st.dictionaries(st.sampled_from(["5", "x", "-1", "99999"]), st.one_of(st.floats(-200, 200), junk), max_size=2),
-        st.sampled_from(
-            [
-                {"type": "json_object"},
-                {"type": "text"},
-                {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}},
-                {"type": "json_schema"},
-                {"type": "xml"},
-            ]
-        ),
-    )
-    return st.dictionaries(
-        st.sampled_from(sorted((COMPLETION_FIELDS | CHAT_FIELDS) - {"prompt", "messages", "stream_options"})),
-        st.one_of(plausible, junk),
-        max_size=5,
-    )
-
-
-@FUZZ
-@given(_server_bodies(), st.booleans())
-def test_server_bodies_parse_to_sampling_params_or_get_a_400(body, chat):
-    from cbjax.serve.protocol import ProtocolError, parse_chat, parse_completion
-
-    try:
-        if chat:
-            req, _ = parse_chat({**body, "messages": [{"role": "user", "content": "x"}]})
-        else:
-            req = parse_completion({**body, "prompt": [1, 2]})
-    except ProtocolError as e:
-        assert e.status in (400, 404) and e.message
-        return
-    try:
-        sp = req.sampling_params(req.max_tokens or 16)  # what the server hands the engine
-    except ValueError:
-        return
-    check_sampling_params(sp)
 
 
 extras_kwargs = st.fixed_dictionaries(

@@ -111,7 +111,7 @@ class DataParallelEngine:
     def advances_clock(self) -> bool:
         return self.replicas[0].advances_clock
 
-    num_steps = engines_total("replicas", "num_steps", "Steps dispatched, by every engine.")
+    num_steps = engines_total("replicas", "num_steps", "Steps dispatched, summed over the engines.")
     num_rows_received = engines_total("replicas", "num_rows_received", "As LLMEngine.num_rows_received, summed.")
 
     @property

@@ -369,7 +369,7 @@ class DisaggregatedEngine:
     def advances_clock(self) -> bool:
         return False
 
-    num_steps = engines_total("engines", "num_steps", "Steps dispatched, by every engine.")
+    num_steps = engines_total("engines", "num_steps", "Steps dispatched, summed over the engines.")
     num_rows_received = engines_total("engines", "num_rows_received", "As LLMEngine.num_rows_received, summed.")
 
     @property

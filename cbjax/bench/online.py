@@ -267,13 +267,13 @@ class _OnlineRun:
         engine = self.engine
         steps_before, rows_before = engine.num_steps, engine.num_rows_received
         self.step_started = time.perf_counter()
-        outputs = self.engine.step()
+        outputs = engine.step()
         for out in outputs:
             self.submitted[out.request_id] = out
             if out.finished:
                 self.finished[out.request_id] = out
                 self.pending.finished(self.by_id[out.request_id], out, self.t0)  # a session's next turn
-        dispatched = self.engine.num_steps > steps_before
+        dispatched = engine.num_steps > steps_before
         if dispatched:
             self.num_steps += 1
             if self.on_step is not None:

@@ -100,7 +100,7 @@ class SimulatedEngines:
                                "timeout, is not supported)")  # fmt: skip
         return outputs + self._stepped(engine, got)
 
-    num_steps = engines_total("engines", "num_steps", "Steps dispatched, by every engine.")
+    num_steps = engines_total("engines", "num_steps", "Steps dispatched, summed over the engines.")
     num_rows_received = engines_total("engines", "num_rows_received", "As LLMEngine.num_rows_received, summed.")
 
     @property

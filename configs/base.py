@@ -69,10 +69,10 @@ def get_config() -> ml_collections.ConfigDict:
     e.warmup = True  # compile every token bucket before the run, so no compile is timed
     e.async_scheduling = True  # schedule and start step n+1 while step n runs
     # Decode steps per dispatch where nothing waits (cbjax/core/multi_step.py). Above 1, on the CPU a block's rows
-    # still reach the host step by step and a request that arrives ends the block after its running step; the host's
-    # share drops, TTFT and the ITL tail rise a little (docs/benchmarks.md, "Blocks in the online harness"). Not
-    # with policies that charge each step (vtc, mlfq: their blocks run to the end), and the simulator's blocks never
-    # end early.
+    # still reach the host step by step and a request that arrives ends the block after its running step. The host's
+    # share drops where long decodes run and few requests arrive; in this job's regime blocks bought little and raised
+    # TTFT (docs/benchmarks.md, "Blocks online: where they stand"). Policies that charge each step (vtc, mlfq) run
+    # their blocks to the end, and the simulator's blocks never end early.
     e.num_scheduler_steps = 1
     e.compilation_cache = "auto"  # persistent compilation cache: auto (user cache dir) | off | a directory
     e.runner = "model"  # model: the real engine on this machine | sim: the simulator (docs/sim.md; needs c.sim)

@@ -185,6 +185,16 @@ def rows_view(data, columns: Sequence, rows: str | None = None, where: Mapping |
     return markdown_table([c.header for c in cols], [[cell(lookup(r, c.key), c.fmt) for c in cols] for r in recs])
 
 
+def _ratio_column(key: str, cols: Sequence[Column]) -> Column:
+    """The column of a ratio to the baseline: its key's default header, or where that is the bare key, the header the
+    table gives the key's column, less its unit (a ratio has none)."""
+    default = column(key)
+    given = next((c for c in cols if c.key == key), None)
+    if default.header != key or given is None:
+        return default
+    return dataclasses.replace(given, header=given.header.removesuffix(" ms").removesuffix(" s"))
+
+
 @view("medians")
 def medians_view(
     data,
@@ -202,7 +212,7 @@ def medians_view(
     baseline: the median of the per-run ratios paired by `pair` (runs of the same sitting share its drift), with
     its interval, starred where the interval excludes 1."""
     cols = [column(c) for c in columns]
-    ratio_cols = [column(k) for k in ratios]
+    ratio_cols = [_ratio_column(k, cols) for k in ratios]
     if ratio_cols and not baseline:
         raise ValueError("ratios need a baseline ({key: value})")
     groups = _groups(records(data, rows, where), by)

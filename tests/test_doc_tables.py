@@ -147,6 +147,17 @@ def test_the_medians_view_takes_medians_and_paired_ratios_to_the_baseline(tmp_pa
     assert b[3] == "0.20x [0.20, 0.20] *"  # round 2's missing TTFT leaves rounds 1 and 3
 
 
+def test_a_ratio_is_headed_as_its_column_less_the_unit_where_its_key_has_no_label(tmp_path):
+    marker = (
+        '<!-- table: medians docs/data/t.json {"by": ["policy"], "columns": [{"key": "ttft", "header": "TTFT ms"}], '
+        '"baseline": {"policy": "a"}, "ratios": ["ttft"], "pair": "round"} -->'
+    )
+    root = _project(tmp_path, marker)
+    dt.write(root, ["docs/x.md"])
+    rows = [line for line in dt.find_blocks((tmp_path / "docs/x.md").read_text())[0].body.split("\n") if "|" in line]
+    assert rows[0] == "| policy | TTFT ms | TTFT vs a | runs |"
+
+
 def test_the_ab_view_puts_two_sides_side_by_side_with_the_ratio_per_round(tmp_path):
     marker = (
         '<!-- table: ab docs/data/t.json {"by": [], "side": "policy", "a": "b", "b": "a", "value": "tok_s", '

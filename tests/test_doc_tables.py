@@ -131,14 +131,19 @@ def test_the_rows_view_renders_each_record_and_the_provenance_line(tmp_path):
     assert dt.check(root, ["docs/x.md"]) == [] and dt.write(root, ["docs/x.md"]) == []  # regenerating is idempotent
 
 
+def _table_lines(tmp_path, marker: str) -> list[str]:
+    """The lines of the table that `marker`'s block renders into (in a project of its own, see _project)."""
+    dt.write(_project(tmp_path, marker), ["docs/x.md"])
+    body = dt.find_blocks((tmp_path / "docs/x.md").read_text())[0].body
+    return [line for line in body.split("\n") if "|" in line]
+
+
 def test_the_medians_view_takes_medians_and_paired_ratios_to_the_baseline(tmp_path):
     marker = (
         '<!-- table: medians docs/data/t.json {"by": ["policy"], "columns": ["tok_s"], "baseline": {"policy": "a"}, '
         '"ratios": ["tok_s", "ttft"], "pair": "round"} -->'
     )
-    root = _project(tmp_path, marker)
-    dt.write(root, ["docs/x.md"])
-    rows = [line for line in dt.find_blocks((tmp_path / "docs/x.md").read_text())[0].body.split("\n") if "|" in line]
+    rows = _table_lines(tmp_path, marker)
     assert rows[0] == "| policy | tok_s | tok_s vs a | ttft vs a | runs |"
     a, b = (r.split(" | ") for r in rows[2:])
     assert a[1] == "20.0 [10.0, 30.0]" and a[2:] == ["-", "-", "3 |"]  # the median of 10, 30, 20; no ratio to itself
@@ -152,10 +157,7 @@ def test_a_ratio_is_headed_as_its_column_less_the_unit_where_its_key_has_no_labe
         '<!-- table: medians docs/data/t.json {"by": ["policy"], "columns": [{"key": "ttft", "header": "TTFT ms"}], '
         '"baseline": {"policy": "a"}, "ratios": ["ttft"], "pair": "round"} -->'
     )
-    root = _project(tmp_path, marker)
-    dt.write(root, ["docs/x.md"])
-    rows = [line for line in dt.find_blocks((tmp_path / "docs/x.md").read_text())[0].body.split("\n") if "|" in line]
-    assert rows[0] == "| policy | TTFT ms | TTFT vs a | runs |"
+    assert _table_lines(tmp_path, marker)[0] == "| policy | TTFT ms | TTFT vs a | runs |"
 
 
 def test_the_ab_view_puts_two_sides_side_by_side_with_the_ratio_per_round(tmp_path):
@@ -163,10 +165,7 @@ def test_the_ab_view_puts_two_sides_side_by_side_with_the_ratio_per_round(tmp_pa
         '<!-- table: ab docs/data/t.json {"by": [], "side": "policy", "a": "b", "b": "a", "value": "tok_s", '
         '"labels": {"a": "old", "b": "new"}} -->'
     )
-    root = _project(tmp_path, marker)
-    dt.write(root, ["docs/x.md"])
-    body = dt.find_blocks((tmp_path / "docs/x.md").read_text())[0].body
-    row = [line for line in body.split("\n") if line.startswith("| ")][-1]
+    row = _table_lines(tmp_path, marker)[-1]
     assert (
         row.startswith("| 40.0 [20.0, 60.0] (20.0, 60.0, 40.0) | 20.0 [10.0, 30.0] (10.0, 30.0, 20.0) |")
         and "(20.0, 60.0, 40.0)" in row
